@@ -80,4 +80,8 @@ d = { 'settings': { 'branch': 'main',
                                'dpm.diffusion.check_steps': ('diffusion.html#check_steps', 'dpm/diffusion.py'),
                                'dpm.diffusion.nats_to_bits': ('diffusion.html#nats_to_bits', 'dpm/diffusion.py'),
                                'dpm.diffusion.per_step': ('diffusion.html#per_step', 'dpm/diffusion.py'),
-                               'dpm.diffusion.sum_data_dims': ('diffusion.html#sum_data_dims', 'dpm/diffusion.py')}}}
+                               'dpm.diffusion.sum_data_dims': ('diffusion.html#sum_data_dims', 'dpm/diffusion.py')},
+            'dpm.entropy': { 'dpm.entropy._binary_entropy': ('entropy.html#_binary_entropy', 'dpm/entropy.py'),
+                             'dpm.entropy._binomial_step_entropies': ('entropy.html#_binomial_step_entropies', 'dpm/entropy.py'),
+                             'dpm.entropy._gaussian_step_entropies': ('entropy.html#_gaussian_step_entropies', 'dpm/entropy.py'),
+                             'dpm.entropy.entropy_bounds': ('entropy.html#entropy_bounds', 'dpm/entropy.py')}}}

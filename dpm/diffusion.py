@@ -5,13 +5,13 @@ __all__ = ['LN2', 'LOG_2PI', 'check_betas', 'check_data', 'check_steps', 'per_st
            'GaussianSchedule', 'Diffusion', 'nats_to_bits', 'bits_per_dim', 'GaussianDiffusion', 'bernoulli_log_prob',
            'BinomialDiffusion']
 
-# %% ../nbs/01_diffusion.ipynb #1ea74a7c
+# %% ../nbs/01_diffusion.ipynb #9dd9ae90
 import math
 import torch
 from torch import nn
 import torch.nn.functional as F
 
-# %% ../nbs/01_diffusion.ipynb #7ec64835
+# %% ../nbs/01_diffusion.ipynb #dfbd0cdc
 def check_betas(betas) -> torch.Tensor:
     "Validate a schedule $\\beta_1..\\beta_T$ (1-D, finite, each in (0, 1]; eq-gauss-kernel, eq-binom-kernel)."
     betas = torch.as_tensor(betas)
@@ -41,7 +41,7 @@ def check_steps(t, T, batch, lowest=1) -> torch.Tensor:
         raise ValueError(f"time steps must lie in {lowest}..{T}; got values from {int(t.min())} to {int(t.max())}")
     return t.long()
 
-# %% ../nbs/01_diffusion.ipynb #25264c76
+# %% ../nbs/01_diffusion.ipynb #60a14ac6
 def per_step(values, t, like):
     "Gather `values[t]` per example and shape it to broadcast against `like` (batch, ...)."
     return values[t].to(like.dtype).reshape(-1, *([1] * (like.ndim - 1)))
@@ -50,7 +50,7 @@ def sum_data_dims(x):
     "Sum over every dimension but the first: one number per example."
     return x.reshape(x.shape[0], -1).sum(1)
 
-# %% ../nbs/01_diffusion.ipynb #f30ea068
+# %% ../nbs/01_diffusion.ipynb #e8fd3941
 def binomial_schedule(T: int) -> torch.Tensor:
     "$\\beta_t = 1/(T-t+1)$, erasing 1/T of the signal per step (eq-binom-schedule)."
     if int(T) < 1: raise ValueError(f"T must be a positive integer, got {T}")
@@ -76,7 +76,7 @@ class GaussianSchedule(nn.Module):
         betas = torch.sigmoid(self.logit_baseline + self.bumps @ self.weights)
         return torch.cat([betas.new_full((1,), self.beta_1), betas[1:]])
 
-# %% ../nbs/01_diffusion.ipynb #731cbec4
+# %% ../nbs/01_diffusion.ipynb #ec1cda99
 class Diffusion(nn.Module):
     "Shared forward-trajectory machinery (eq-forward-trajectory); subclasses fix the kernel."
     def __init__(self, betas):
@@ -116,7 +116,7 @@ class Diffusion(nn.Module):
         "$L_{null}$ in nats per example: $E[\\log\\pi(x)]$ for data with $\\pi$'s moments (unit variance / rate p)."
         return -self.stationary_entropy_per_dim() * math.prod(event_shape)
 
-# %% ../nbs/01_diffusion.ipynb #df9de26f
+# %% ../nbs/01_diffusion.ipynb #c83cab15
 LN2 = math.log(2.0)
 
 def nats_to_bits(x):
@@ -127,7 +127,7 @@ def bits_per_dim(nats, n_dims: int):
     "Convert a log-likelihood in nats per example into bits per dimension."
     return nats / (LN2 * n_dims)
 
-# %% ../nbs/01_diffusion.ipynb #c50a6424
+# %% ../nbs/01_diffusion.ipynb #fd4436b5
 LOG_2PI = math.log(2 * math.pi)
 
 class GaussianDiffusion(Diffusion):
@@ -182,7 +182,7 @@ class GaussianDiffusion(Diffusion):
         if (var <= 0).any(): raise ValueError("reverse model returned a non-positive variance")
         return mean, var
 
-# %% ../nbs/01_diffusion.ipynb #1901d5da
+# %% ../nbs/01_diffusion.ipynb #6037fd10
 def bernoulli_log_prob(x, prob):
     "$\\log B(x; prob)$ per element, exact at prob in {0, 1}."
     return torch.xlogy(x, prob) + torch.xlogy(1 - x, 1 - prob)
@@ -243,5 +243,5 @@ class BinomialDiffusion(Diffusion):
         if ((prob < 0) | (prob > 1)).any(): raise ValueError("reverse model returned probabilities outside [0, 1]")
         return prob
 
-# %% ../nbs/01_diffusion.ipynb #d94ab326
-from . import bound as _bound  # noqa: E402  (attach methods; see 02_bound)
+# %% ../nbs/01_diffusion.ipynb #552a1d84
+from . import bound as _bound, entropy as _entropy  # noqa: E402  (attach methods; see 02_bound, 03_entropy)
