@@ -22,11 +22,12 @@ if [ -n "$(git status --porcelain -- nbs)" ]; then
   echo "FAIL: notebooks are not clean: run nbdev_clean and commit" >&2; exit 1
 fi
 
+# Two notebooks run at a time on two cores: one thread each avoids oversubscription stalls.
 step "nbdev_test"
-nbdev_test --n_workers 2 --timing
+OMP_NUM_THREADS=1 nbdev_test --n_workers 2 --timing
 
 step "pytest tests/ and nbval nbs/"
-python -m pytest -q -p no:cacheprovider tests nbs --nbval-lax --nbval-current-env -n 2 --durations=8
+OMP_NUM_THREADS=1 python -m pytest -q -p no:cacheprovider tests nbs --nbval-lax --nbval-current-env -n 2 --dist loadfile --durations=8
 
 step "book from scratch, warnings as errors"
 rm -rf _build/html _build/.doctrees _build/jupyter_execute
