@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['small_scale', 'scaled']
 
-# %% ../nbs/index.ipynb #9fdb661c
+# %% ../nbs/index.ipynb #9824a233
 import os
 
 def small_scale() -> bool:

@@ -4,15 +4,15 @@
 __all__ = ['VAR_MIN', 'PROB_EPS', 'gaussian_kernel', 'binomial_kernel', 'PerStepLinear', 'TemporalBumps', 'ReverseModel',
            'RBFReverse', 'time_features', 'MLPReverse', 'HeartbeatReverse', 'BumpMLPReverse']
 
-# %% ../nbs/04_reverse.ipynb #60eaf264
+# %% ../nbs/04_reverse.ipynb #a98f331d
 import math
 import torch
 from torch import nn
 import torch.nn.functional as F
 from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps
 
-# %% ../nbs/04_reverse.ipynb #1366701a
-VAR_MIN = 1e-7       # floor on f_Sigma: keeps log-variances finite in float32
+# %% ../nbs/04_reverse.ipynb #d6099f49
+VAR_MIN = 1e-10      # floor on f_Sigma: keeps log-variances finite in float32
 PROB_EPS = 1e-6      # probabilities are clamped to [PROB_EPS, 1 - PROB_EPS]
 
 def gaussian_kernel(x, z_mu, z_sigma, beta_t):
@@ -25,7 +25,7 @@ def binomial_kernel(forward_prob, z):
     logit = torch.logit(forward_prob.clamp(PROB_EPS, 1 - PROB_EPS))
     return torch.sigmoid(z + logit).clamp(PROB_EPS, 1 - PROB_EPS)
 
-# %% ../nbs/04_reverse.ipynb #c6b99448
+# %% ../nbs/04_reverse.ipynb #77adda73
 class PerStepLinear(nn.Module):
     "One affine readout $z = W_t^T h + b_t$ per time step, stored as a (T, in, out) tensor (eq-rev-readout)."
     def __init__(self, T: int, n_in: int, n_out: int, init_scale: float = 0.1):
@@ -61,7 +61,7 @@ class TemporalBumps(nn.Module):
         g = self.g[t - 1].to(y.dtype).reshape(*self.g[t - 1].shape, *([1] * (y.ndim - 2)))
         return (y * g).sum(1)
 
-# %% ../nbs/04_reverse.ipynb #8b9168ed
+# %% ../nbs/04_reverse.ipynb #0add987d
 class ReverseModel(nn.Module):
     "Base class: `reverse(xt, t)` -> (mean, var) or prob, built from `self.raw(xt, t)` (eq-rev-gauss, eq-rev-binom)."
     def __init__(self, diffusion: Diffusion, event_shape):
@@ -85,7 +85,7 @@ class ReverseModel(nn.Module):
             return gaussian_kernel(xt, z[:, 0], z[:, 1], beta_t)
         return binomial_kernel(self.diffusion.kernel(xt, t), z)
 
-# %% ../nbs/04_reverse.ipynb #4c79687e
+# %% ../nbs/04_reverse.ipynb #835ea08f
 class RBFReverse(ReverseModel):
     "Normalised RBF network, 16 units shared over t, per-step readouts (App. D.1.1, eq-rev-rbf)."
     def __init__(self, diffusion, n_dims: int = 2, n_units: int = 16):
@@ -101,7 +101,7 @@ class RBFReverse(ReverseModel):
         h = torch.softmax(-0.5 * d2 * torch.exp(-2 * self.log_width.to(xt.dtype)), 1)
         return self.readout(h, t).view(-1, 2, *self.event_shape)
 
-# %% ../nbs/04_reverse.ipynb #761d6983
+# %% ../nbs/04_reverse.ipynb #d0fb0258
 def time_features(t, T: int, n: int = 8):
     "Sinusoidal features of t/T at n octave frequencies, shape (batch, 2n)."
     s = (t.float() / T)[:, None] * (math.pi * 2.0 ** torch.arange(n, device=t.device))[None]
@@ -120,7 +120,7 @@ class MLPReverse(ReverseModel):
         h = self.trunk(torch.cat([xt, time_features(t, self.T, self.n_freq).to(xt.dtype)], 1))
         return self.readout(h, t).view(-1, 2, *self.event_shape)
 
-# %% ../nbs/04_reverse.ipynb #a9d70f75
+# %% ../nbs/04_reverse.ipynb #4df32bad
 class HeartbeatReverse(ReverseModel):
     "MLP 20-50-50-50 with sigmoids and per-step sigmoid readouts (App. D.1.2)."
     def __init__(self, diffusion, n_bits: int = 20, width: int = 50, depth: int = 3):
@@ -133,7 +133,7 @@ class HeartbeatReverse(ReverseModel):
     def raw(self, xt, t):
         return self.readout(self.trunk(2 * xt - 1), t)
 
-# %% ../nbs/04_reverse.ipynb #e35296d5
+# %% ../nbs/04_reverse.ipynb #57ef1a3f
 class BumpMLPReverse(ReverseModel):
     "MLP on (x, time features) with a temporal bump readout (eq-rev-bumps); Gaussian or binomial."
     def __init__(self, diffusion, n_dims: int, width: int = 128, depth: int = 3, n_bumps: int = 10, n_freq: int = 8):
