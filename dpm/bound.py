@@ -4,12 +4,12 @@
 __all__ = ['reverse_step', 'log_likelihood', 'first_step_term', 'prior_term', 'kl_terms', 'bound_terms', 'bound',
            'bound_estimate', 'bound_simplified', 'sample']
 
-# %% ../nbs/02_bound.ipynb #9c7d0fbc
+# %% ../nbs/02_bound.ipynb #6b3d328a
 import math
 import torch
 from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step, LOG_2PI
 
-# %% ../nbs/02_bound.ipynb #38891ba6
+# %% ../nbs/02_bound.ipynb #33c1da2b
 def reverse_step(d: Diffusion, reverse, xt, t):
     "Parameters of $p(x_{t-1} | x_t)$: the model for t >= 2, $T_\\pi(x_0 | x_1; \\beta_1)$ at t = 1 (eq-first-step)."
     first = t == 1
@@ -20,7 +20,7 @@ def reverse_step(d: Diffusion, reverse, xt, t):
     if isinstance(out, tuple): return tuple(torch.where(mask, f, o) for f, o in zip(fixed, out))
     return torch.where(mask, fixed, out)
 
-# %% ../nbs/02_bound.ipynb #0c56c79c
+# %% ../nbs/02_bound.ipynb #d0312d95
 def log_likelihood(d: Diffusion, reverse, x0, n: int = 100, chunk: int = 1 << 22):
     "Importance-sampled $\\log p(x_0)$ per example from n forward trajectories (eq-model-probability), nats."
     x0 = d.check_data(x0)
@@ -44,7 +44,7 @@ def _log_weights(d, reverse, x0, m):
     log_w += d.log_prob(x, d.stationary(x))
     return log_w.view(m, B)
 
-# %% ../nbs/02_bound.ipynb #e94b32e8
+# %% ../nbs/02_bound.ipynb #64e11491
 def first_step_term(d: Diffusion, x0):
     "$E_{q(x_1|x_0)} \\log T_\\pi(x_0 | x_1; \\beta_1)$ per example, closed form (eq-first-term-gauss / -binom)."
     beta_1 = d.betas[0].to(x0.dtype)
@@ -69,7 +69,7 @@ def kl_terms(d: Diffusion, reverse, x0, t, noise=None):
     xt = d.draw(d.marginal(x0, t), noise)
     return d.kl(d.posterior(x0, xt, t), reverse_step(d, reverse, xt, t))
 
-# %% ../nbs/02_bound.ipynb #ef0018d4
+# %% ../nbs/02_bound.ipynb #63f068e1
 def bound_terms(d: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1 << 21):
     "Terms of eq-k-general per example: (prior, first step, KL per t = 2..T of shape (batch, T-1)), nats."
     x0 = d.check_data(x0)
@@ -88,7 +88,7 @@ def bound(d: Diffusion, reverse, x0, n_samples: int = 1):
     prior, first, kls = bound_terms(d, reverse, x0, n_samples)
     return prior + first - kls.sum(1)
 
-# %% ../nbs/02_bound.ipynb #34699e21
+# %% ../nbs/02_bound.ipynb #b3aba80e
 def bound_estimate(d: Diffusion, reverse, x0, t=None, noise=None):
     "Unbiased one-step estimate of $K(x_0)$ per example for training (eq-k-estimator), nats."
     x0 = d.check_data(x0)
@@ -106,7 +106,7 @@ def bound_simplified(d: Diffusion, reverse, x0, n_samples: int = 1):
     H_pi = d.stationary_entropy_per_dim() * x0[0].numel()
     return -kls.sum(1) + H_T - H_1 - H_pi
 
-# %% ../nbs/02_bound.ipynb #276e8745
+# %% ../nbs/02_bound.ipynb #aa71c326
 @torch.no_grad()
 def sample(d: Diffusion, reverse, shape, device=None, dtype=None, generator=None, return_trajectory: bool = False):
     "Exact ancestral samples of $p(x_0)$ (eq-reverse-trajectory), shape (n, ...); optionally every $x_t$."
@@ -126,6 +126,6 @@ def _draw(d, params, generator):
     noise = torch.randn if isinstance(d, GaussianDiffusion) else torch.rand
     return d.draw(params, noise(like.shape, generator=generator, device=like.device, dtype=like.dtype))
 
-# %% ../nbs/02_bound.ipynb #9c6e6a27
+# %% ../nbs/02_bound.ipynb #091f9942
 for _f in (bound, bound_terms, bound_estimate, bound_simplified, log_likelihood, sample):
     setattr(Diffusion, _f.__name__, _f)

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['small_scale', 'scaled']
 
-# %% ../nbs/index.ipynb #9824a233
+# %% ../nbs/index.ipynb #5721a439
 import os
 
 def small_scale() -> bool:
