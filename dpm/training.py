@@ -5,7 +5,7 @@ __all__ = ['FORMAT', 'TrainConfig', 'stratified_steps', 'pick_device', 'Checkpoi
            'signature', 'check_compatible', 'Model', 'evaluate_bound', 'train', 'Experiment', 'repo_root', 'machine',
            'peak_memory_mb', 'build', 'run', 'save_model', 'load_model', 'train_or_load']
 
-# %% ../nbs/05_training.ipynb #446b8736
+# %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, math, time, json, platform, resource, tempfile
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
@@ -15,7 +15,7 @@ from torch import nn
 from .diffusion import Diffusion, GaussianDiffusion, nats_to_bits, LN2
 from .config import small_scale
 
-# %% ../nbs/05_training.ipynb #7fbdf448
+# %% ../nbs/05_training.ipynb #1d6e4673
 @dataclass
 class TrainConfig:
     "Optimisation settings (eq-train-objective); everything else belongs to the experiment."
@@ -53,7 +53,7 @@ def pick_device(device=None) -> torch.device:
     if device in (None, 'auto'): return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
     return torch.device(device)
 
-# %% ../nbs/05_training.ipynb #306f67c1
+# %% ../nbs/05_training.ipynb #9bf01a6e
 FORMAT = 'dpm-checkpoint-1'
 
 class CheckpointError(RuntimeError):
@@ -66,6 +66,8 @@ def atomic_save(obj, path):
     try:
         with os.fdopen(fd, 'wb') as f:
             torch.save(obj, f); f.flush(); os.fsync(f.fileno())
+        umask = os.umask(0); os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)                  # mkstemp creates 0600; give the usual permissions
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp): os.unlink(tmp)
@@ -100,7 +102,7 @@ def check_compatible(ckpt: dict, module: nn.Module, config: dict, path):
 _RESUMABLE = ('steps', 'eval_every', 'eval_size', 'checkpoint_every')   # may change between resumes
 def _comparable(cfg): return {k: v for k, v in cfg.items() if k not in _RESUMABLE}
 
-# %% ../nbs/05_training.ipynb #80552360
+# %% ../nbs/05_training.ipynb #3c0b36e1
 class Model(nn.ModuleDict):
     "The trainable pair: `model.diffusion` and `model.reverse`."
     def __init__(self, diffusion: Diffusion, reverse: nn.Module):
@@ -186,7 +188,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     return dict(steps=state['step'], train_seconds=state['train_seconds'], history=state['history'],
                 running_bits=state['running'])
 
-# %% ../nbs/05_training.ipynb #6a91dfc6
+# %% ../nbs/05_training.ipynb #b8711c42
 @dataclass
 class Experiment:
     "A named, reproducible run: model builder, data, configuration (full and small) and evaluation hooks."
@@ -271,11 +273,16 @@ def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device
     "Reuse results/<name>/model.pt at full scale when its config matches; otherwise train (runs/<name>[-small]/)."
     cfg = exp.resolve(overrides); cfg['seed'] = seed
     root = repo_root()
-    tag = exp.name + ('-small' if small_scale() else '') + (f'-seed{seed}' if seed else '')
+    tag = exp.name + ''.join(f'-{k}{v}' for k, v in sorted((overrides or {}).items())) \
+          + ('-small' if small_scale() else '') + (f'-seed{seed}' if seed else '')
     stored = root / 'results' / 'models' / f'{tag}.pt'
     if not retrain and stored.exists():
         try: return load_model(exp, stored, cfg, device)
         except CheckpointError as e: print(f"not reusing {stored}: {e}", file=sys.stderr)
-    d, reverse, info = run(exp, root / 'runs' / tag, overrides, seed, device, progress)
+    try: d, reverse, info = run(exp, root / 'runs' / tag, overrides, seed, device, progress)
+    except CheckpointError as e:                       # a stale scratch checkpoint from another configuration
+        print(f"starting {tag} afresh: {e}", file=sys.stderr)
+        (root / 'runs' / tag / 'checkpoint.pt').unlink()
+        d, reverse, info = run(exp, root / 'runs' / tag, overrides, seed, device, progress)
     if not small_scale(): save_model(stored, exp, d, reverse, cfg, info)
     return d, reverse, info, cfg

@@ -1,0 +1,47 @@
+"""Data, exact log-likelihoods and bad-input errors of the toy experiments (fast; no training)."""
+import math
+import pytest
+import torch
+from dpm.swiss_roll import sample_swiss_roll, true_log_likelihood as sr_ll, geometric_schedule
+from dpm.heartbeat import heartbeats, sample_heartbeats, is_heartbeat, true_log_likelihood as hb_ll, diffusion, align
+from dpm.reverse import RBFReverse, MLPReverse, HeartbeatReverse, PerStepLinear
+from dpm.diffusion import GaussianDiffusion
+from dpm.training import TrainConfig, train, CheckpointError, load_checkpoint, atomic_save
+
+
+def test_swiss_roll_data():
+    x = sample_swiss_roll(50_000, generator=torch.Generator().manual_seed(0))
+    assert x.shape == (50_000, 2) and abs(x.pow(2).mean().item() - 1) < 0.02
+    ll = sr_ll(x[:200])
+    assert torch.isfinite(ll).all()
+    with pytest.raises(ValueError): sr_ll(x[:10], noise=0)
+
+
+def test_heartbeat_data():
+    h = heartbeats()
+    assert h.shape == (5, 20) and (h.sum(1) == 4).all() and abs(h.mean().item() - 0.2) < 1e-6
+    x = sample_heartbeats(1000, torch.Generator().manual_seed(0))
+    assert is_heartbeat(x).all()
+    assert torch.allclose(hb_ll(x), torch.full((1000,), -math.log(5)))
+    bad = x.clone(); bad[0, 0] = 1 - bad[0, 0]
+    assert not is_heartbeat(bad)[0] and hb_ll(bad)[0] == -math.inf
+    assert (align(x)[:, 0] == 1).all()
+
+
+def test_models_reject_bad_input():
+    d = GaussianDiffusion(geometric_schedule(10, 1e-5))
+    with pytest.raises(ValueError, match='expected xt of shape'): RBFReverse(d)(torch.randn(3, 4), torch.full((3,), 2))
+    with pytest.raises(ValueError, match='time steps'): MLPReverse(d)(torch.randn(3, 2), torch.full((3,), 11))
+    with pytest.raises(ValueError, match='readout'): HeartbeatReverse(diffusion(10), readout='nope')
+    with pytest.raises(ValueError, match='NaN'):
+        train(d, MLPReverse(d), torch.full((10, 2), float('nan')), config=TrainConfig(steps=1), progress=False)
+    bd = diffusion(10)
+    with pytest.raises(ValueError, match='binary'):
+        train(bd, HeartbeatReverse(bd), torch.rand(10, 20), config=TrainConfig(steps=1), progress=False)
+
+
+def test_checkpoint_errors(tmp_path):
+    with pytest.raises(CheckpointError, match='no checkpoint'): load_checkpoint(tmp_path / 'none.pt')
+    atomic_save({'format': 'something else'}, tmp_path / 'x.pt')
+    with pytest.raises(CheckpointError, match='not a dpm checkpoint'): load_checkpoint(tmp_path / 'x.pt')
+    assert [p.name for p in tmp_path.iterdir()] == ['x.pt']          # no temporary files left behind
