@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats', 'sample_heartbeats', 'is_heartbeat',
-           'true_log_likelihood', 'diffusion', 'trained_model', 'align', 'plot_figure2', 'learned_step_entropies']
+           'true_log_likelihood', 'diffusion', 'trained_model', 'align', 'plot_figure2']
 
 # %% ../nbs/08_heartbeat.ipynb #23b437db
 import math, time
@@ -111,13 +111,3 @@ def plot_figure2(train_x, samples, n: int = 30):
     axes[0].set_ylabel('sequence')
     fig.tight_layout()
     return fig
-
-# %% ../nbs/08_heartbeat.ipynb #ae2b62ee
-@torch.no_grad()
-def learned_step_entropies(d, reverse, x0, steps) -> torch.Tensor:
-    "$E_{q(x_t)} H(p(x_{t-1}|x_t))$ in nats per example for each t in `steps` (t >= 2), from forward samples of x0."
-    out = []
-    for t in steps:
-        ts = torch.full((len(x0),), int(t), dtype=torch.long, device=x0.device)
-        out.append(d.entropy(reverse(d.q_sample(x0, ts), ts)).mean())
-    return torch.stack(out)

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['U_MIN', 'U_MAX', 'NOISE', 'SWISS_ROLL', 'SWISS_ROLL_RBF', 'SWISS_ROLL_THIN', 'roll_curve', 'roll_moments',
            'sample_swiss_roll', 'true_log_likelihood', 'geometric_schedule', 'default_beta_1', 'trained_model',
-           'plot_figure1', 'learned_step_entropies']
+           'plot_figure1']
 
 # %% ../nbs/07_swiss_roll.ipynb #b2c67ca0
 import math, time
@@ -137,13 +137,3 @@ def plot_figure1(d, reverse, x0, n: int = 2000, grid: int = 17, seed: int = 0):
     for ax in axes.flat: ax.set_xlim(-2.4, 2.4); ax.set_ylim(-2.4, 2.4); ax.set_aspect('equal')
     fig.tight_layout()
     return fig
-
-# %% ../nbs/07_swiss_roll.ipynb #3b8f654e
-@torch.no_grad()
-def learned_step_entropies(d, reverse, x0, steps) -> torch.Tensor:
-    "$E_{q(x_t)} H(p(x_{t-1}|x_t))$ in nats per example for each t in `steps` (t >= 2), from forward samples of x0."
-    out = []
-    for t in steps:
-        ts = torch.full((len(x0),), int(t), dtype=torch.long, device=x0.device)
-        out.append(d.entropy(reverse(d.q_sample(x0, ts), ts)).mean())
-    return torch.stack(out)
