@@ -19,7 +19,8 @@ TARGETS = {
     'swiss_roll': 'gap to the true log-likelihood <= 0.15 bits; training < 120 s',
     'swiss_roll_rbf': "report the paper's model's gap",
     'swiss_roll_thin': 'true log-likelihood > 2.35 bits and K >= 2.35 bits',
-    'heartbeat': 'K >= -2.414 bits (aim: within 0.03 of -2.322); valid samples >= 99%; training < 600 s; 10,000 samples < 30 s',
+    'heartbeat': ('K >= -2.414 bits (aim: within 0.03 of -2.322, which is above the ceiling optimal_K_bits of any '
+                  'factorised kernel); valid samples >= 99%; training < 600 s; 10,000 samples < 30 s'),
     'heartbeat_mlp': "report the paper's model (App. D.1.2 MLP)",
 }
 
@@ -46,6 +47,9 @@ def one(name, seed, threads, device, reuse=False):
         save_model(stored, exp, d, reverse, cfg, info)
     t1 = time.perf_counter()
     numbers = exp.evaluate(d, reverse, cfg, exp.data(cfg, seed)[1])
+    if name == 'heartbeat':                     # the ceiling for kernels of the paper's form (eq-hb-oracle)
+        from dpm.heartbeat import evaluate_optimal
+        numbers.update(evaluate_optimal(d, cfg))
     rec = dict(experiment=name, description=exp.description, seed=seed, threads=threads, device=str(d.betas.device),
                train_seconds=info['train_seconds'], train_wall_seconds=wall, steps=info['steps'],
                steps_per_second=info['steps_per_second'], evaluate_seconds=time.perf_counter() - t1,
@@ -94,6 +98,9 @@ def main():
               f"{n['gap_bits']:8.3f}{r['train_seconds']:9.1f}{r['steps_per_second']:9.1f}{r['peak_memory_mb']:7.0f}  {r['met']}")
         if 'valid_fraction' in n:
             print(f"{'':17s}valid samples {n['valid_fraction']:.4f}; {n['n_draws']} samples in {n['sample_seconds']:.1f} s")
+        if 'optimal_K_bits' in n:
+            print(f"{'':17s}optimal factorised kernel: K {n['optimal_K_bits']:.4f}, gap {n['optimal_gap_bits']:.4f} "
+                  f"(fixed t = 1 step {-n['first_step_bits']:.4f}), valid samples {n['optimal_valid_fraction']:.4f}")
     print(f'written to {path}')
 
 

@@ -80,10 +80,27 @@ def cmd_evaluate(args):
                   history=info.get('history', []), evaluate_seconds=time.time() - t0,
                   time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
                   machine=machine(), device=str(d.betas.device), peak_memory_mb=peak_memory_mb(d.betas.device))
+    record['figures'] = _write_figures(exp, d, reverse, cfg, heldout, info.get('history', []), Path(args.out))
     write_json(record, Path(args.out) / 'record.json')
     for k, v in numbers.items():
         if isinstance(v, float): print(f"{k:24s} {v:10.4f}" + (f"   (paper {exp.paper[k]:.3f})" if k in exp.paper else ''))
-    print(f"record written to {Path(args.out) / 'record.json'}")
+    print(f"record written to {Path(args.out) / 'record.json'}; figures: {', '.join(record['figures'])}")
+
+def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:
+    "Save the experiment's figures and the held-out bound during training as PNG files in `out`."
+    import matplotlib; matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    figs = dict(exp.figures(d, reverse, cfg, heldout)) if exp.figures else {}
+    if history:
+        fig, ax = plt.subplots(figsize=(5, 3.5))
+        ax.plot([h['step'] for h in history], [h['heldout_bits'] for h in history], 'o-')
+        ax.set_xlabel('training step'); ax.set_ylabel('held-out K (bits)'); ax.set_title(exp.name)
+        figs['training'] = fig
+    names = []
+    for name, fig in figs.items():
+        fig.savefig(out / f'{name}.png', dpi=100, bbox_inches='tight'); plt.close(fig)
+        names.append(f'{name}.png')
+    return names
 
 def cmd_sample(args):
     exp = get_experiment(args.experiment)
@@ -129,7 +146,8 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     e = sub.add_parser('evaluate', help='evaluate a trained experiment, write DIR/record.json',
                        description="Evaluate DIR/model.pt: the bound K, K - L_null, the true and importance-sampled "
-                       "log-likelihood where known, with the paper's values; writes DIR/record.json.")
+                       "log-likelihood where known, with the paper's values; writes DIR/record.json, the experiment's "
+                       "figures (Figure 1 or 2 of the paper) and the held-out bound during training as DIR/*.png.")
     common(e, 'seed of the training run (the model stores its own)')
     e.set_defaults(func=cmd_evaluate)
     s = sub.add_parser('sample', help='draw samples from a trained experiment',

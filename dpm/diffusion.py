@@ -7,6 +7,7 @@ __all__ = ['LN2', 'LOG_2PI', 'check_betas', 'check_data', 'check_steps', 'per_st
 
 # %% ../nbs/01_diffusion.ipynb #9dd9ae90
 import math
+from contextlib import contextmanager
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -73,7 +74,7 @@ class GaussianSchedule(nn.Module):
         self.weights = nn.Parameter(torch.zeros(n_bumps), requires_grad=learn)
 
     def forward(self) -> torch.Tensor:
-        betas = torch.sigmoid(self.logit_baseline + self.bumps @ self.weights)
+        betas = torch.sigmoid(self.logit_baseline.double() + self.bumps.double() @ self.weights.double())
         return torch.cat([betas.new_full((1,), self.beta_1), betas[1:]])
 
 # %% ../nbs/01_diffusion.ipynb #ec1cda99
@@ -82,18 +83,30 @@ class Diffusion(nn.Module):
     def __init__(self, betas):
         super().__init__()
         if isinstance(betas, nn.Module): self.schedule = betas
-        else: self.register_buffer('fixed_betas', check_betas(betas).float())
+        else: self.register_buffer('fixed_betas', check_betas(betas).double())
         self.T = int(self.betas.numel())
 
     @property
     def betas(self) -> torch.Tensor:
-        "$\\beta_1..\\beta_T$ as a tensor (differentiable when the schedule is learned)."
-        return self.schedule() if hasattr(self, 'schedule') else self.fixed_betas
+        "$\\beta_1..\\beta_T$ in float64 (differentiable when the schedule is learned)."
+        cached = self.__dict__.get('_cache')
+        if cached: return cached[0]
+        return (self.schedule() if hasattr(self, 'schedule') else self.fixed_betas).double()
 
     def alphas_bar(self) -> torch.Tensor:
         "$\\bar\\alpha_0..\\bar\\alpha_T$ with $\\bar\\alpha_0 = 1$, indexable by t."
+        cached = self.__dict__.get('_cache')
+        if cached: return cached[1]
         b = self.betas
         return torch.cat([b.new_ones(1), torch.cumprod(1 - b, 0)])
+
+    @contextmanager
+    def cached_schedule(self):
+        "Within the block, compute $\\beta$ and $\\bar\\alpha$ once and reuse them (one training step)."
+        betas, ab = self.betas, self.alphas_bar()
+        self.__dict__['_cache'] = (betas, ab)
+        try: yield self
+        finally: self.__dict__.pop('_cache', None)
 
     def _steps(self, t, x): return check_steps(t, self.T, x.shape[0])
 
@@ -139,14 +152,17 @@ class GaussianDiffusion(Diffusion):
         return (1 - beta).sqrt() * x_prev, beta.expand_as(x_prev)
 
     def marginal(self, x0, t):                                      # eq-gauss-marginal
-        ab = per_step(self.alphas_bar(), t, x0)
-        return ab.sqrt() * x0, (1 - ab).expand_as(x0)
+        ab = self.alphas_bar()                                      # float64; cast after gathering
+        return per_step(ab.sqrt(), t, x0) * x0, per_step(1 - ab, t, x0).expand_as(x0)
 
     def posterior(self, x0, xt, t):                                 # eq-gauss-posterior
-        betas, ab = self.betas, self.alphas_bar()
-        beta, ab_t, ab_prev = (per_step(v, i, x0) for v, i in ((betas, t - 1), (ab, t), (ab, t - 1)))
-        mean = (ab_prev.sqrt() * beta * x0 + (1 - beta).sqrt() * (1 - ab_prev) * xt) / (1 - ab_t)
-        return mean, ((1 - ab_prev) * beta / (1 - ab_t)).expand_as(x0)
+        b, ab = self.betas, self.alphas_bar()
+        ab_prev, ab_t = ab[:-1], ab[1:]                             # vectors over t = 1..T
+        coef_0 = ab_prev.sqrt() * b / (1 - ab_t)
+        coef_t = (1 - b).sqrt() * (1 - ab_prev) / (1 - ab_t)
+        var = (1 - ab_prev) * b / (1 - ab_t)
+        i = t - 1
+        return per_step(coef_0, i, x0) * x0 + per_step(coef_t, i, x0) * xt, per_step(var, i, x0).expand_as(x0)
 
     def stationary(self, like):  return torch.zeros_like(like), torch.ones_like(like)
 

@@ -2,13 +2,14 @@
 
 # %% auto #0
 __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats', 'sample_heartbeats', 'is_heartbeat',
-           'true_log_likelihood', 'diffusion', 'trained_model', 'align', 'plot_figure2']
+           'true_log_likelihood', 'diffusion', 'trained_model', 'OptimalReverse', 'first_step_bits', 'evaluate_optimal',
+           'align', 'plot_figure2']
 
 # %% ../nbs/08_heartbeat.ipynb #23b437db
 import math, time
 import torch
-from .diffusion import BinomialDiffusion, binomial_schedule, LN2
-from .reverse import HeartbeatReverse, BumpMLPReverse
+from .diffusion import BinomialDiffusion, binomial_schedule, check_steps, LN2
+from .reverse import ReverseModel, HeartbeatReverse, BumpMLPReverse, PROB_EPS
 from .training import Experiment, train_or_load, evaluate_bound, pick_device
 
 # %% ../nbs/08_heartbeat.ipynb #a96bb0a6
@@ -75,24 +76,67 @@ def _evaluate(d, reverse, cfg, heldout):
                 n_draws=cfg['n_draws'], sample_seconds=t_sample)
 
 _CONFIG = dict(T=2000, model='tmlp', width=128, readout='bumps', n_bumps=20, n_train=10_000, n_heldout=1000,
-               steps=16_000, batch_size=512, lr=3e-3, lr_final=0.1, optimizer='adam', eval_every=4000, eval_size=200,
-               checkpoint_every=500, stratified=True, grad_clip=None, eval_reps=200, is_samples=1000, n_draws=10_000)
-_SMALL = dict(T=100, steps=300, batch_size=256, eval_every=100, eval_size=100, eval_reps=50, is_samples=50, n_draws=1000)
+               steps=32_000, batch_size=512, lr=3e-3, lr_final=0.02, optimizer='adam', ema=0.999, eval_every=4000,
+               eval_size=200, checkpoint_every=500, stratified=True, grad_clip=None, eval_reps=200, is_samples=1000,
+               n_draws=10_000)
+_SMALL = dict(T=100, steps=300, batch_size=256, eval_every=100, eval_size=100, eval_reps=50, is_samples=50, n_draws=1000,
+              ema=0.9)
 _PAPER = dict(K_bits=-2.414, K_minus_L_null_bits=12.024, true_ll_bits=-math.log2(5))
+
+def _figures(d, reverse, cfg, heldout):
+    torch.manual_seed(cfg['seed'])
+    return {'figure2': plot_figure2(heldout, d.sample(reverse, (30, LENGTH), device=d.betas.device))}
 
 HEARTBEAT = Experiment(
     name='heartbeat', description='Binary heartbeat, T=2000 binomial steps, time-conditioned MLP (Table 1 row 2, Figure 2)',
-    build=_build, data=_data, config=_CONFIG, small=_SMALL, evaluate=_evaluate, paper=_PAPER)
+    build=_build, data=_data, config=_CONFIG, small=_SMALL, evaluate=_evaluate, paper=_PAPER, figures=_figures)
 HEARTBEAT_MLP = Experiment(
     name='heartbeat_mlp', description="Binary heartbeat, T=2000, the paper's MLP 20-50-50-50 (App. D.1.2), tied readouts",
     build=_build, data=_data, config={**_CONFIG, 'model': 'mlp', 'width': 50, 'lr': 1e-2}, small=_SMALL,
-    evaluate=_evaluate, paper=_PAPER)
+    evaluate=_evaluate, paper=_PAPER, figures=_figures)
 
 def trained_model(name: str = 'heartbeat', seed: int = 0, device=None, progress: bool = False):
     "A trained heartbeat model, 'heartbeat' or 'heartbeat_mlp' (train-or-load; small under DPM_SMALL): (diffusion, reverse)."
     exp = {e.name: e for e in (HEARTBEAT, HEARTBEAT_MLP)}[name]
     d, reverse, info, cfg = train_or_load(exp, seed=seed, device=device, progress=progress)
     return d, reverse
+
+# %% ../nbs/08_heartbeat.ipynb #c963f817
+class OptimalReverse(ReverseModel):
+    "The best factorised reverse kernel for equally likely known data points (eq-hb-oracle)."
+    def __init__(self, diffusion: BinomialDiffusion, points):
+        super().__init__(diffusion, (points.shape[1],))
+        self.register_buffer('points', torch.as_tensor(points, dtype=torch.float32))
+
+    def forward(self, xt, t):
+        if tuple(xt.shape[1:]) != self.event_shape:
+            raise ValueError(f"expected xt of shape (batch, {self.event_shape[0]}), got {tuple(xt.shape)}")
+        d, t = self.diffusion, check_steps(t, self.T, xt.shape[0])
+        x0s = [phi.expand_as(xt) for phi in self.points.to(xt)]
+        log_w = torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1)        # log q(x_t | phi_k)
+        post = torch.stack([d.posterior(x0, xt, t) for x0 in x0s], 1)                    # q_i(x_t, phi_k)
+        prob = (torch.softmax(log_w, 1)[..., None] * post).sum(1)
+        return prob.clamp(PROB_EPS, 1 - PROB_EPS)
+
+def first_step_bits(d: BinomialDiffusion, m: int = LENGTH // PERIOD, n: int = LENGTH) -> float:
+    "E log T_pi(x0 | x1; beta_1) in bits for a sequence with m ones of n bits (eq-hb-first-step)."
+    beta_1, p = float(d.betas[0]), d.p
+    a, b = (1 - p) * beta_1, p * beta_1
+    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
+    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
+    return (m * ones + (n - m) * zeros) / LN2
+
+@torch.no_grad()
+def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
+    "K and the valid fraction of samples of the optimal factorised kernel (eq-hb-oracle): the ceiling at this T."
+    dev = d.betas.device
+    oracle = OptimalReverse(d, heartbeats()).to(dev)
+    torch.manual_seed(cfg['seed'] + 2)
+    K = evaluate_bound(d, oracle, heartbeats().to(dev).repeat(cfg['eval_reps'], 1), batch_size=1000)
+    samples = d.sample(oracle, (cfg['n_draws'], LENGTH), device=dev)
+    return dict(optimal_K_bits=K['K_bits'], optimal_K_bits_se=K['K_bits_se'], first_step_bits=first_step_bits(d),
+                optimal_gap_bits=-math.log2(PERIOD) - K['K_bits'],
+                optimal_valid_fraction=is_heartbeat(samples.cpu()).float().mean().item())
 
 # %% ../nbs/08_heartbeat.ipynb #3f819fef
 def align(x) -> torch.Tensor:

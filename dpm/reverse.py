@@ -10,7 +10,7 @@ import math
 import torch
 from torch import nn
 import torch.nn.functional as F
-from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps
+from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step
 
 # %% ../nbs/04_reverse.ipynb #50123d33
 VAR_MIN = 1e-10      # floor on f_Sigma: keeps log-variances finite in float32
@@ -23,8 +23,8 @@ def gaussian_kernel(x, z_mu, z_sigma, beta_t):
 
 def posterior_kernel(d: GaussianDiffusion, x, z_mu, z_sigma, t):
     "Reverse mean and variance as the forward posterior at a predicted $x_0$ (eq-rev-posterior); t >= 2."
-    ab_t = d.alphas_bar()[t].to(x.dtype).reshape(-1, *([1] * (x.ndim - 1)))
-    x0_hat = ab_t.sqrt() * x + (1 - ab_t).sqrt() * z_mu
+    ab = d.alphas_bar()                                             # float64 (see 01_diffusion)
+    x0_hat = per_step(ab.sqrt(), t, x) * x + per_step((1 - ab).sqrt(), t, x) * z_mu
     mean, tilde = d.posterior(x0_hat, x, t)
     return mean, torch.sigmoid(z_sigma + torch.logit(tilde)).clamp(min=VAR_MIN)
 
@@ -143,17 +143,23 @@ def time_features(t, T: int, n: int = 8):
     return torch.cat([s.sin(), s.cos()], 1)
 
 class MLPReverse(ReverseModel):
-    "MLP on (x, time features), shared over t, with per-step readouts (eq-rev-readout)."
+    "MLP on (x, time features), shared over t; per-step (eq-rev-readout) or bump (eq-rev-bump-linear) readouts."
     def __init__(self, diffusion, n_dims: int = 2, width: int = 128, depth: int = 3, n_freq: int = 8,
-                 parameterization: str = 'posterior'):
+                 parameterization: str = 'posterior', readout: str = 'per_step', n_bumps: int = 10,
+                 x_features: int = 0, x_scale: float = 10.0):
         super().__init__(diffusion, (n_dims,), parameterization)
-        self.n_freq, layers, n_in = n_freq, [], n_dims + 2 * n_freq
+        g = torch.Generator().manual_seed(0)                          # the same projection for every seed
+        self.register_buffer('x_proj', torch.randn(n_dims, x_features, generator=g) * x_scale)   # eq-rev-fourier
+        self.n_freq, layers, n_in = n_freq, [], n_dims + 2 * n_freq + 2 * x_features
         for _ in range(depth): layers += [nn.Linear(n_in, width), nn.SiLU()]; n_in = width
         self.trunk = nn.Sequential(*layers)
-        self.readout = PerStepLinear(self.T, width, 2 * n_dims)
+        if readout == 'per_step': self.readout = PerStepLinear(self.T, width, 2 * n_dims)
+        elif readout == 'bumps': self.readout = BumpLinear(self.T, width, 2 * n_dims, n_bumps)
+        else: raise ValueError(f"readout must be 'per_step' or 'bumps', got {readout!r}")
 
     def raw(self, xt, t):
-        h = self.trunk(torch.cat([xt, time_features(t, self.T, self.n_freq).to(xt.dtype)], 1))
+        proj = 2 * math.pi * xt @ self.x_proj.to(xt.dtype)
+        h = self.trunk(torch.cat([xt, proj.sin(), proj.cos(), time_features(t, self.T, self.n_freq).to(xt.dtype)], 1))
         return self.readout(h, t).view(-1, 2, *self.event_shape)
 
 # %% ../nbs/04_reverse.ipynb #efd993c2

@@ -64,7 +64,8 @@ def default_beta_1(noise: float) -> float:
 def _build(cfg):
     d = GaussianDiffusion(geometric_schedule(cfg['T'], default_beta_1(cfg['noise']), cfg['learn_schedule']))
     if cfg['model'] == 'rbf': return d, RBFReverse(d, 2, cfg['units'])
-    if cfg['model'] == 'mlp': return d, MLPReverse(d, 2, cfg['width'], cfg['depth'])
+    if cfg['model'] == 'mlp': return d, MLPReverse(d, 2, cfg['width'], cfg['depth'], readout=cfg['readout'],
+                                                   n_bumps=cfg['n_bumps'], x_features=cfg['x_features'], x_scale=cfg['x_scale'])
     raise ValueError(f"model must be 'rbf' or 'mlp', got {cfg['model']!r}")
 
 def _data(cfg, seed):
@@ -76,7 +77,7 @@ def _evaluate(d, reverse, cfg, heldout):
     "Table 1 numbers on held-out data: K, K - L_null, the true log-likelihood (eq-sr-true), the paired gap, IS estimate."
     torch.manual_seed(cfg['seed'] + 1)
     x = heldout.to(d.betas.device)
-    ks = torch.cat([d.bound(reverse, xb) for xb in x.split(1000)]).double().cpu()
+    ks = torch.cat([d.bound(reverse, xb, n_samples=cfg['bound_samples']) for xb in x.split(1000)]).double().cpu()
     true = true_log_likelihood(heldout, cfg['noise'])
     n_is = min(len(x), 1000)
     t0 = time.perf_counter()
@@ -92,18 +93,24 @@ def _evaluate(d, reverse, cfg, heldout):
                 is_gap_bits_se=se(true[:n_is] - ll_is) / LN2, is_samples=cfg['is_samples'], is_seconds=t_is,
                 noise=cfg['noise'], n_heldout=len(x))
 
-_CONFIG = dict(noise=NOISE, T=40, learn_schedule=True, model='mlp', units=16, width=128, depth=3,
-               n_train=20_000, n_heldout=5000, steps=16_000, batch_size=512, lr=3e-3, lr_final=0.1, optimizer='adam',
-               eval_every=2000, eval_size=2000, checkpoint_every=1000, stratified=True, grad_clip=None, is_samples=100)
-_SMALL = dict(steps=250, n_train=5000, n_heldout=500, eval_every=125, eval_size=250, is_samples=10)
+_CONFIG = dict(noise=NOISE, T=40, learn_schedule=True, model='mlp', units=16, width=128, depth=3, readout='bumps',
+               n_bumps=10, x_features=0, x_scale=8.0, n_train=200_000, n_heldout=10_000, steps=14_000,
+               batch_size=1024, lr=3e-3, lr_final=0.02, optimizer='adam', ema=0.999, eval_every=2000, eval_size=2000,
+               checkpoint_every=1000, stratified=True, grad_clip=None, is_samples=100, bound_samples=4)
+_SMALL = dict(steps=250, batch_size=512, n_train=5000, n_heldout=500, eval_every=125, eval_size=250, is_samples=10,
+              bound_samples=1, ema=0.9)
 _PAPER = dict(K_bits=2.35, K_minus_L_null_bits=6.45)
 
+def _figures(d, reverse, cfg, heldout): return {'figure1': plot_figure1(d, reverse, heldout, seed=cfg['seed'])}
+
 SWISS_ROLL = Experiment('swiss_roll', 'Swiss roll, default noise 0.3, stronger MLP model (Table 1 row 1)',
-                        _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER)
+                        _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER, _figures)
 SWISS_ROLL_RBF = Experiment('swiss_roll_rbf', "Swiss roll, default noise 0.3, the paper's 16-unit RBF network",
-                            _build, _data, {**_CONFIG, 'model': 'rbf', 'lr': 1e-2}, _SMALL, _evaluate, _PAPER)
-SWISS_ROLL_THIN = Experiment('swiss_roll_thin', 'Thin swiss roll (noise 0.02, true log-likelihood above 2.35 bits), MLP',
-                             _build, _data, {**_CONFIG, 'noise': 0.02}, _SMALL, _evaluate, _PAPER)
+                            _build, _data, {**_CONFIG, 'model': 'rbf', 'lr': 1e-2}, _SMALL, _evaluate, _PAPER, _figures)
+SWISS_ROLL_THIN = Experiment('swiss_roll_thin', 'Thin swiss roll (noise 0.01, true log-likelihood above 2.35 bits), '
+                             'MLP with Fourier features', _build, _data,
+                             {**_CONFIG, 'noise': 0.01, 'x_features': 64, 'steps': 48_000}, _SMALL, _evaluate, _PAPER,
+                             _figures)
 
 def trained_model(name: str = 'swiss_roll', seed: int = 0, device=None, progress: bool = False):
     "A trained swiss-roll model (train-or-load; small under DPM_SMALL): returns (diffusion, reverse)."

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Callable, Optional
 import torch
 from torch import nn
+from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 from .diffusion import Diffusion, GaussianDiffusion, nats_to_bits, LN2
 from .config import small_scale
 
@@ -29,6 +30,7 @@ class TrainConfig:
     eval_size: int = 2000            # held-out examples used by the periodic evaluation
     checkpoint_every: int = 500      # steps between checkpoints
     stratified: bool = True          # eq-train-stratified
+    ema: Optional[float] = None      # decay of the moving average of the weights (eq-train-ema); None: off
     seed: int = 0
 
     def __post_init__(self):
@@ -116,8 +118,8 @@ def evaluate_bound(d: Diffusion, reverse, x0, n_samples: int = 1, batch_size: in
     return dict(K_nats=mean, K_nats_se=se, K_bits=mean / LN2, K_bits_se=se / LN2, n=len(ks))
 
 def _optimizer(cfg: TrainConfig, params):
-    if cfg.optimizer == 'adam': return torch.optim.Adam(params, lr=cfg.lr)
-    return torch.optim.RMSprop(params, lr=cfg.lr, alpha=0.95, eps=1e-6)
+    if cfg.optimizer == 'adam': return torch.optim.Adam(params, lr=cfg.lr, foreach=True)    # foreach: faster on CPU too
+    return torch.optim.RMSprop(params, lr=cfg.lr, alpha=0.95, eps=1e-6, foreach=True)
 
 def _lr(cfg: TrainConfig, step: int) -> float:
     return cfg.lr * (cfg.lr_final + (1 - cfg.lr_final) * 0.5 * (1 + math.cos(math.pi * min(step / cfg.steps, 1.0))))
@@ -132,12 +134,14 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     heldout = None if heldout is None else d.check_data(heldout.to(device), 'heldout')[:cfg.eval_size]
     full_config = {**(full_config or {}), **asdict(cfg)}
     opt = _optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
+    ema = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True) if cfg.ema else None
     gen = torch.Generator(device='cpu')
     state = dict(step=0, history=[], train_seconds=0.0, running=None)
     if checkpoint is not None and Path(checkpoint).exists():
         ck = load_checkpoint(checkpoint)
         check_compatible(ck, model, full_config, checkpoint)
         model.load_state_dict(ck['model']); opt.load_state_dict(ck['optimizer'])
+        if ema is not None: ema.load_state_dict(ck['ema'])
         torch.set_rng_state(ck['rng']); gen.set_state(ck['gen'])
         if device.type == 'cuda' and ck.get('cuda_rng') is not None: torch.cuda.set_rng_state(ck['cuda_rng'])
         state.update(step=ck['step'], history=ck['history'], train_seconds=ck['train_seconds'], running=ck['running'])
@@ -146,6 +150,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
 
     def save():
         atomic_save(dict(format=FORMAT, model=model.state_dict(), optimizer=opt.state_dict(), step=state['step'],
+                         ema=ema.state_dict() if ema is not None else None,
                          rng=torch.get_rng_state(), gen=gen.get_state(),
                          cuda_rng=torch.cuda.get_rng_state() if device.type == 'cuda' else None,
                          history=state['history'], train_seconds=state['train_seconds'], running=state['running'],
@@ -153,7 +158,8 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
 
     def held_out_eval():
         if heldout is None: return None
-        model.eval(); r = evaluate_bound(d, reverse, heldout); model.train()
+        m = model if ema is None else ema.module                      # evaluate the weights we will keep
+        m.eval(); r = evaluate_bound(m['diffusion'], m['reverse'], heldout); m.train()
         state['history'].append(dict(step=state['step'], heldout_bits=r['K_bits'], running_bits=state['running']))
         return r['K_bits']
 
@@ -168,12 +174,14 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
         for g in opt.param_groups: g['lr'] = _lr(cfg, state['step'])
         idx = torch.randint(N, (cfg.batch_size,), generator=gen).to(device)
         ts = stratified_steps(cfg.batch_size, T, device) if cfg.stratified and T > 2 else None
-        k = d.bound_estimate(reverse, train_data[idx], t=ts)
+        with d.cached_schedule():                                      # one schedule evaluation per step
+            k = d.bound_estimate(reverse, train_data[idx], t=ts)
         loss = -k.mean()
         if not torch.isfinite(loss): raise FloatingPointError(f"the bound estimate became {loss.item()} at step {state['step']}")
         opt.zero_grad(set_to_none=True); loss.backward()
         if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        if ema is not None: ema.update_parameters(model)
         state['step'] += 1
         kb = -loss.item() / LN2
         state['running'] = kb if state['running'] is None else 0.99 * state['running'] + 0.01 * kb
@@ -184,6 +192,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
             bar.set_postfix_str(f"K {state['running']:.3f} bits" + (f", held-out {last_eval:.3f}" if last_eval is not None else ''), refresh=False)
         if checkpoint is not None and (state['step'] % cfg.checkpoint_every == 0 or state['step'] == cfg.steps): save()
     if bar is not None: bar.close()
+    if ema is not None: model.load_state_dict(ema.module.state_dict())
     model.eval()
     return dict(steps=state['step'], train_seconds=state['train_seconds'], history=state['history'],
                 running_bits=state['running'])
@@ -200,6 +209,7 @@ class Experiment:
     small: dict = field(default_factory=dict)     # overrides under DPM_SMALL=1
     evaluate: Optional[Callable] = None           # (d, reverse, config, heldout) -> dict of extra numbers
     paper: dict = field(default_factory=dict)     # the paper's values, for reports
+    figures: Optional[Callable] = None            # (d, reverse, config, heldout) -> {name: matplotlib figure}
 
     def resolve(self, overrides: dict = None) -> dict:
         "The configuration in effect: full, or full + small overrides under DPM_SMALL, then `overrides`."
@@ -212,9 +222,13 @@ def repo_root() -> Path:
     "The checkout holding `results/` (env DPM_ROOT overrides; default: the package's parent directory)."
     return Path(os.environ.get('DPM_ROOT', Path(__file__).resolve().parents[1]))
 
+def _cpu_model() -> str:
+    try: return next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo') if l.startswith('model name'))
+    except (OSError, StopIteration): return platform.processor() or platform.machine()
+
 def machine() -> dict:
     "Where a number was measured."
-    info = dict(host=platform.node(), platform=platform.platform(), processor=platform.processor() or platform.machine(),
+    info = dict(host=platform.node(), platform=platform.platform(), processor=_cpu_model(),
                 cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
                 python=platform.python_version())
     if torch.cuda.is_available(): info['cuda_device'] = torch.cuda.get_device_name()
@@ -260,7 +274,9 @@ def load_model(exp: Experiment, path, config: dict = None, device=None):
     if ck.get('kind') != 'model' or ck.get('experiment') != exp.name:
         raise CheckpointError(f"{path} holds {ck.get('kind', 'a training checkpoint')} of experiment {ck.get('experiment')!r}, not a model of {exp.name!r}")
     cfg = ck['config']
-    d, reverse = build(exp, cfg, cfg.get('seed', 0), 'cpu')
+    try: d, reverse = build(exp, cfg, cfg.get('seed', 0), 'cpu')
+    except (KeyError, TypeError, ValueError) as e:               # written by an older version of the experiment
+        raise CheckpointError(f"{path} holds a configuration this version cannot build ({type(e).__name__}: {e})") from None
     model = Model(d, reverse)
     check_compatible(ck, model, config if config is not None else cfg, path)
     model.load_state_dict(ck['model'])

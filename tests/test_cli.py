@@ -29,7 +29,8 @@ def test_list():
 
 
 def test_train_evaluate_sample(tmp_path):
-    dpm('train', 'swiss_roll', '--out', str(tmp_path), '--set', 'steps=40', '--set', 'T=10', '--no-progress')
+    dpm('train', 'swiss_roll', '--out', str(tmp_path), '--set', 'steps=40', '--set', 'T=10', '--set', 'eval_every=20',
+        '--no-progress')
     dpm('evaluate', 'swiss_roll', '--out', str(tmp_path))
     dpm('sample', 'swiss_roll', '--out', str(tmp_path), '-n', '300')
     rec = json.loads((tmp_path / 'record.json').read_text())
@@ -37,6 +38,8 @@ def test_train_evaluate_sample(tmp_path):
     assert rec['seed'] == 0 and rec['config']['T'] == 10 and rec['machine']['python'] and rec['time']
     assert n['gap_bits'] >= -5 * n['gap_bits_se']                 # K never above the true log-likelihood
     assert torch.load(tmp_path / 'samples.pt').shape == (300, 2) and (tmp_path / 'samples.png').stat().st_size > 0
+    assert set(rec['figures']) == {'figure1.png', 'training.png'}           # Figure 1 and the held-out bound
+    assert all((tmp_path / f).stat().st_size > 0 for f in rec['figures'])
 
 
 def test_clear_errors(tmp_path):

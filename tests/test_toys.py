@@ -45,3 +45,18 @@ def test_checkpoint_errors(tmp_path):
     atomic_save({'format': 'something else'}, tmp_path / 'x.pt')
     with pytest.raises(CheckpointError, match='not a dpm checkpoint'): load_checkpoint(tmp_path / 'x.pt')
     assert [p.name for p in tmp_path.iterdir()] == ['x.pt']          # no temporary files left behind
+
+
+def test_stale_stored_model_is_retrained_not_a_crash(tmp_path, monkeypatch):
+    "A model.pt written by an older version (its config lacks a key the builder needs) is a CheckpointError."
+    from dpm.swiss_roll import SWISS_ROLL
+    from dpm.training import load_model, build, save_model
+    monkeypatch.setenv('DPM_SMALL', '1')
+    cfg = SWISS_ROLL.resolve(); cfg['seed'] = 0
+    d, rev = build(SWISS_ROLL, cfg, 0, 'cpu')
+    save_model(tmp_path / 'model.pt', SWISS_ROLL, d, rev, cfg, {})
+    load_model(SWISS_ROLL, tmp_path / 'model.pt', cfg)                             # the current version loads
+    ck = load_checkpoint(tmp_path / 'model.pt')
+    del ck['config']['readout']                                                     # as written before bump readouts
+    atomic_save(ck, tmp_path / 'old.pt')
+    with pytest.raises(CheckpointError, match='cannot build'): load_model(SWISS_ROLL, tmp_path / 'old.pt', cfg)
