@@ -361,7 +361,7 @@ def dequantize(k: torch.Tensor, generator: Optional[torch.Generator] = None) -> 
     u = torch.rand(k.shape, generator=generator, device=dev).to(k.device)
     return (k.float() + u) / 256
 
-# %% ../nbs/12_image_data.ipynb #36553ffe
+# %% ../nbs/12_image_data.ipynb #081e7f13
 @dataclass(frozen=True)
 class Scaler:
     "z = scale * (y - shift), one shift and scale for all values (eq-data-scale)."
@@ -395,7 +395,7 @@ class Scaler:
 
     def as_dict(self) -> dict: return asdict(self)
 
-# %% ../nbs/12_image_data.ipynb #e6f7a5fd
+# %% ../nbs/12_image_data.ipynb #491e130a
 LN2 = math.log(2)
 
 def nll_bits_per_dim_8bit(log_density_per_dim, scaler: Scaler):
