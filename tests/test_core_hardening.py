@@ -190,7 +190,8 @@ def test_schedule_and_data_on_different_devices():
 def test_reverse_output_on_another_device():
     g = GaussianDiffusion(torch.full((4,), 0.1))
     b = BinomialDiffusion(binomial_schedule(4))
-    meta_gauss = lambda xt, t: (torch.zeros_like(xt, device='meta'), torch.ones_like(xt, device='meta'))
+    meta_gauss = lambda xt, t: (torch.zeros_like(xt, device='meta'),
+                                torch.ones_like(xt, device='meta'))
     with pytest.raises(ValueError, match='device'):
         g.bound(meta_gauss, torch.zeros(2, 3))
     with pytest.raises(ValueError, match='device'):
