@@ -7,26 +7,34 @@ __all__ = ['reverse_step', 'log_likelihood', 'first_step_term', 'prior_term', 'k
 # %% ../nbs/02_bound.ipynb #6b3d328a
 import math
 import torch
-from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step, LOG_2PI
+from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step,
+                           LOG_2PI)
 
 # %% ../nbs/02_bound.ipynb #33c1da2b
 def reverse_step(d: Diffusion, reverse, xt, t):
-    "Parameters of $p(x_{t-1} | x_t)$: the model for t >= 2, $T_\\pi(x_0 | x_1; \\beta_1)$ at t = 1 (eq-first-step)."
+    "Parameters of $p(x_{t-1} | x_t)$: the model for t >= 2, $T_\\pi$ at t = 1 (eq-first-step)."
     first = t == 1
-    if bool(first.all()): return d.kernel(xt, t)
+    if bool(first.all()): return d.kernel(xt, t)                     # also an empty batch
     out = d.check_reverse(reverse(xt, t), xt)
     if not bool(first.any()): return out
     fixed, mask = d.kernel(xt, torch.ones_like(t)), first.view(-1, *([1] * (xt.ndim - 1)))
     if isinstance(out, tuple): return tuple(torch.where(mask, f, o) for f, o in zip(fixed, out))
     return torch.where(mask, fixed, out)
 
+def _positive(n, name):
+    "An integer count of at least one, or a clear error."
+    if int(n) != n or int(n) < 1: raise ValueError(f"{name} must be a positive integer, got {n}")
+    return int(n)
+
 # %% ../nbs/02_bound.ipynb #d0312d95
 def log_likelihood(d: Diffusion, reverse, x0, n: int = 100, chunk: int = 1 << 22):
-    "Importance-sampled $\\log p(x_0)$ per example from n forward trajectories (eq-model-probability), nats."
+    "Importance-sampled $\\log p(x_0)$ per example, n forward trajectories (eq-model-probability)."
     x0 = d.check_data(x0)
     if int(n) < 1: raise ValueError(f"n must be a positive number of trajectories, got {n}")
+    n = int(n)
+    if x0.shape[0] == 0: return x0.new_zeros(0)                       # empty batch
     per_batch = max(1, min(n, chunk // max(1, x0.numel())))
-    log_w = torch.cat([_log_weights(d, reverse, x0, m) for m in _split(n, per_batch)])   # (n, batch)
+    log_w = torch.cat([_log_weights(d, reverse, x0, m) for m in _split(n, per_batch)])  # (n, B)
     return torch.logsumexp(log_w, 0) - math.log(n)
 
 def _split(n, size): return [size] * (n // size) + ([n % size] if n % size else [])
@@ -39,23 +47,27 @@ def _log_weights(d, reverse, x0, m):
     for t in range(1, d.T + 1):
         ts = torch.full((m * B,), t, dtype=torch.long, device=x0.device)
         x_next = d.draw(d.kernel(x, ts))
-        log_w += d.log_prob(x, reverse_step(d, reverse, x_next, ts)) - d.log_prob(x_next, d.kernel(x, ts))
+        # $\log p(x^{(t-1)}|x^{(t)}) - \log q(x^{(t)}|x^{(t-1)})$
+        log_w += d.log_prob(x, reverse_step(d, reverse, x_next, ts)) \
+                 - d.log_prob(x_next, d.kernel(x, ts))
         x = x_next
-    log_w += d.log_prob(x, d.stationary(x))
+    log_w += d.log_prob(x, d.stationary(x))                          # $\log\pi(x^{(T)})$
     return log_w.view(m, B)
 
 # %% ../nbs/02_bound.ipynb #64e11491
 def first_step_term(d: Diffusion, x0):
-    "$E_{q(x_1|x_0)} \\log T_\\pi(x_0 | x_1; \\beta_1)$ per example, closed form (eq-first-term-gauss / -binom)."
+    "$E_{q(x_1|x_0)} \\log T_\\pi(x_0 | x_1; \\beta_1)$ per example (eq-first-term-gauss / -binom)."
     beta_1 = d.betas[0].to(x0.dtype)
     if isinstance(d, GaussianDiffusion):
-        return -0.5 * (LOG_2PI + torch.log(beta_1) + beta_1 * x0 ** 2 + 1 - beta_1).flatten(1).sum(1)
+        # $-\frac12\sum_i[\log(2\pi\beta_1) + \beta_1 x_i^2 + 1 - \beta_1]$
+        per_dim = LOG_2PI + torch.log(beta_1) + beta_1 * x0 ** 2 + 1 - beta_1
+        return -0.5 * per_dim.flatten(1).sum(1)
     one = torch.ones(x0.shape[0], dtype=torch.long, device=x0.device)
     q1 = d.marginal(x0, one)                          # q(x_1 = 1 | x_0)
     term = 0.
-    for u, weight in ((1.0, q1), (0.0, 1 - q1)):
-        term = term + weight * torch.xlogy(x0, u * (1 - beta_1) + d.p * beta_1) \
-                    + weight * torch.xlogy(1 - x0, 1 - u * (1 - beta_1) - d.p * beta_1)
+    for u, weight in ((1.0, q1), (0.0, 1 - q1)):      # the two values u of each bit of x_1
+        r = u * (1 - beta_1) + d.p * beta_1           # $u(1-\beta_1) + p\beta_1$
+        term = term + weight * (torch.xlogy(x0, r) + torch.xlogy(1 - x0, 1 - r))
     return term.flatten(1).sum(1)
 
 def prior_term(d: Diffusion, x0):
@@ -65,18 +77,19 @@ def prior_term(d: Diffusion, x0):
     return -d.kl(q_T, d.stationary(x0))
 
 def kl_terms(d: Diffusion, reverse, x0, t, noise=None):
-    "$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$ at one draw of $x_t \\sim q(x_t|x_0)$, per example (eq-k-general)."
+    "$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, one draw of $x_t$ per example (eq-k-general)."
     xt = d.draw(d.marginal(x0, t), noise)
     return d.kl(d.posterior(x0, xt, t), reverse_step(d, reverse, xt, t))
 
 # %% ../nbs/02_bound.ipynb #63f068e1
 def bound_terms(d: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1 << 21):
-    "Terms of eq-k-general per example: (prior, first step, KL per t = 2..T of shape (batch, T-1)), nats."
+    "Terms of eq-k-general per example: (prior, first step, KL per t = 2..T as (batch, T-1)), nats."
     x0 = d.check_data(x0)
+    n_samples = _positive(n_samples, 'n_samples')
     B, T = x0.shape[0], d.T
     kls = x0.new_zeros(B, max(T - 1, 0))
     per_chunk = max(1, chunk // max(1, x0.numel()))
-    for _ in range(n_samples):
+    for _ in range(n_samples if B > 0 and T > 1 else 0):       # nothing to sample otherwise
         for ts in torch.arange(2, T + 1, device=x0.device).split(per_chunk):
             k = len(ts)
             x0r = x0.repeat(k, *([1] * (x0.ndim - 1)))
@@ -94,37 +107,42 @@ def bound_estimate(d: Diffusion, reverse, x0, t=None, noise=None):
     x0 = d.check_data(x0)
     B, T = x0.shape[0], d.T
     estimate = prior_term(d, x0) + first_step_term(d, x0)
-    if T == 1: return estimate
-    t = torch.randint(2, T + 1, (B,), device=x0.device) if t is None else check_steps(t, T, B, lowest=2)
+    if T == 1 or B == 0: return estimate                  # no KL terms to sample
+    if t is None: t = torch.randint(2, T + 1, (B,), device=x0.device)
+    else: t = check_steps(t, T, B, lowest=2)
     return estimate - (T - 1) * kl_terms(d, reverse, x0, t, noise)
 
 def bound_simplified(d: Diffusion, reverse, x0, n_samples: int = 1):
-    "The paper's $K$ (eq-k-paper); equals eq-k-general only on average over data with $\\pi$'s moments."
+    "The paper's $K$ (eq-k-paper); equals eq-k-general only on average if $E\\|x_0\\|^2 = D$ etc."
     _, _, kls = bound_terms(d, reverse, x0, n_samples)
     steps = lambda t: torch.full((x0.shape[0],), t, dtype=torch.long, device=x0.device)
     H_T, H_1 = d.entropy(d.marginal(x0, steps(d.T))), d.entropy(d.marginal(x0, steps(1)))
-    H_pi = d.stationary_entropy_per_dim() * x0[0].numel()
+    H_pi = d.stationary_entropy_per_dim() * math.prod(x0.shape[1:])
     return -kls.sum(1) + H_T - H_1 - H_pi
 
 # %% ../nbs/02_bound.ipynb #aa71c326
 @torch.no_grad()
-def sample(d: Diffusion, reverse, shape, device=None, dtype=None, generator=None, return_trajectory: bool = False):
-    "Exact ancestral samples of $p(x_0)$ (eq-reverse-trajectory), shape (n, ...); optionally every $x_t$."
+def sample(d: Diffusion, reverse, shape, device=None, dtype=None, generator=None,
+           return_trajectory: bool = False):
+    "Exact ancestral samples of $p(x_0)$ (eq-reverse-trajectory), shape (n, ...); or every $x_t$."
     shape = tuple(int(s) for s in shape)
-    if len(shape) < 2 or min(shape) < 1: raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
-    device = torch.device(device) if device is not None else d.betas.device
+    if len(shape) < 2 or min(shape) < 1:
+        raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
+    device = torch.device(device) if device is not None else d.device
     like = torch.zeros(shape, device=device, dtype=dtype or torch.get_default_dtype())
     x = _draw(d, d.stationary(like), generator)
     trajectory = [x]
     for t in range(d.T, 0, -1):
-        x = _draw(d, reverse_step(d, reverse, x, torch.full((shape[0],), t, dtype=torch.long, device=device)), generator)
+        ts = torch.full((shape[0],), t, dtype=torch.long, device=device)
+        x = _draw(d, reverse_step(d, reverse, x, ts), generator)
         if return_trajectory: trajectory.append(x)
     return torch.stack(trajectory[::-1], 1) if return_trajectory else x
 
 def _draw(d, params, generator):
     like = params[0] if isinstance(params, tuple) else params
     noise = torch.randn if isinstance(d, GaussianDiffusion) else torch.rand
-    return d.draw(params, noise(like.shape, generator=generator, device=like.device, dtype=like.dtype))
+    return d.draw(params, noise(like.shape, generator=generator, device=like.device,
+                                dtype=like.dtype))
 
 # %% ../nbs/02_bound.ipynb #091f9942
 for _f in (bound, bound_terms, bound_estimate, bound_simplified, log_likelihood, sample):

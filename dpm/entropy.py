@@ -14,10 +14,10 @@ EntropyBounds = namedtuple('EntropyBounds', 'lower upper')
 
 def _gaussian_step_entropies(d, n_dims):
     "eq-ent-gauss: H(X_t | X_{t-1}) for t = 1..T and H(X_t | X_0) for t = 0..T, nats."
-    betas, ab = d.betas.double(), d.alphas_bar().double()
+    betas, om = d.betas.double(), d.one_minus_alphas_bar().double()
     c = 0.5 * n_dims
-    h_step = c * torch.log(2 * math.pi * math.e * betas)
-    h_given_0 = c * torch.log(2 * math.pi * math.e * (1 - ab))          # -inf at t = 0
+    h_step = c * torch.log(2 * math.pi * math.e * betas)          # $\frac D2\log(2\pi e\beta_t)$
+    h_given_0 = c * torch.log(2 * math.pi * math.e * om)           # -inf at t = 0
     return h_step, h_given_0
 
 def _binary_entropy(r): return -bernoulli_log_prob(r, r)
@@ -25,27 +25,33 @@ def _binary_entropy(r): return -bernoulli_log_prob(r, r)
 def _binomial_step_entropies(d, x0):
     "eq-ent-binom: H(X_t | X_{t-1}) for t = 1..T and H(X_t | X_0) for t = 0..T, nats per example."
     betas, ab, p = d.betas.double(), d.alphas_bar().double(), d.p
+    om = d.one_minus_alphas_bar().double()
     x0 = x0.double().flatten(1)                                         # (batch, bits)
     mean0 = x0.mean(0)
-    m_prev = ab[:-1, None] * mean0 + (1 - ab[:-1, None]) * p           # (T, bits)
+    m_prev = ab[:-1, None] * mean0 + om[:-1, None] * p                 # $m_{t-1,i}$, (T, bits)
     on, off = _binary_entropy(1 - betas + p * betas), _binary_entropy(p * betas)
     h_step = (m_prev * on[:, None] + (1 - m_prev) * off[:, None]).sum(1)
-    h_given_0 = _binary_entropy(ab[:, None, None] * x0 + (1 - ab[:, None, None]) * p).sum(2).mean(1)
+    h_given_0 = _binary_entropy(ab[:, None, None] * x0 + om[:, None, None] * p).sum(2).mean(1)
     return h_step, h_given_0
 
 def entropy_bounds(d: Diffusion, x0=None, event_shape=None) -> EntropyBounds:
-    "Lower (eq-ent-lower) and upper (eq-ent-upper) bounds on $H_q(X_{t-1} | X_t)$ for t = 1..T, nats per example."
+    "Bounds (eq-ent-lower, eq-ent-upper) on $H_q(X_{t-1} | X_t)$ for t = 1..T, nats per example."
+    if x0 is not None: x0 = d.check_data(x0)
     if isinstance(d, GaussianDiffusion):
-        n_dims = math.prod(d.check_data(x0).shape[1:]) if x0 is not None else math.prod(event_shape or (1,))
+        n_dims = math.prod(x0.shape[1:]) if x0 is not None else math.prod(event_shape or (1,))
         h_step, h_given_0 = _gaussian_step_entropies(d, n_dims)
+    elif x0 is None:                                                    # data with pi's moments
+        n_bits, f64 = math.prod(event_shape or (1,)), dict(dtype=torch.float64, device=d.device)
+        h_step = _binomial_step_entropies(d, torch.full((1, n_bits), d.p, **f64))[0]
+        ones, zeros = (torch.full((1, n_bits), v, **f64) for v in (1., 0.))
+        h_given_0 = d.p * _binomial_step_entropies(d, ones)[1] \
+                    + (1 - d.p) * _binomial_step_entropies(d, zeros)[1]
     else:
-        if x0 is None:                                                  # data with pi's moments
-            n_bits = math.prod(event_shape or (1,))
-            h_step = _binomial_step_entropies(d, torch.full((1, n_bits), d.p, dtype=torch.float64))[0]
-            ones, zeros = (torch.full((1, n_bits), v, dtype=torch.float64) for v in (1., 0.))
-            h_given_0 = d.p * _binomial_step_entropies(d, ones)[1] + (1 - d.p) * _binomial_step_entropies(d, zeros)[1]
-        else:
-            h_step, h_given_0 = _binomial_step_entropies(d, d.check_data(x0))
+        if x0.shape[0] == 0:
+            raise ValueError("entropy_bounds needs at least one example to measure the data's "
+                             "mean activity; x0 is an empty batch (pass x0=None and event_shape "
+                             "for data with pi's moments)")
+        h_step, h_given_0 = _binomial_step_entropies(d, x0)
     lower = h_step + h_given_0[:-1] - h_given_0[1:]
     return EntropyBounds(lower, h_step)
 

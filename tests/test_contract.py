@@ -5,13 +5,14 @@ import math
 import pytest
 import torch
 
-from dpm.diffusion import BinomialDiffusion, GaussianDiffusion, GaussianSchedule, binomial_schedule, nats_to_bits
+from dpm.diffusion import (BinomialDiffusion, GaussianDiffusion, GaussianSchedule,
+                           binomial_schedule, nats_to_bits)
 
 DEVICES = ['cpu'] + (['cuda'] if torch.cuda.is_available() else [])
 
 
 def gaussian_reverse(d):
-    return lambda xt, t: d.kernel(xt, t)          # T_pi: the exact reverse for data distributed as pi
+    return lambda xt, t: d.kernel(xt, t)    # T_pi: the exact reverse for data distributed as pi
 
 
 @pytest.mark.parametrize('device', DEVICES)
@@ -64,13 +65,20 @@ def test_units():
     assert math.isclose(nats_to_bits(d.l_null((2,))), -math.log2(2 * math.pi * math.e))
 
 
+G4 = lambda: GaussianDiffusion(torch.full((4,), 0.1))
+B4 = lambda: BinomialDiffusion(binomial_schedule(4))
+
+
 @pytest.mark.parametrize('bad, message', [
     (lambda: GaussianDiffusion(torch.tensor([0.5, 0.0])), '(0, 1]'),
     (lambda: GaussianDiffusion(torch.tensor([0.5, float('inf')])), 'NaN or inf'),
     (lambda: BinomialDiffusion(binomial_schedule(4), p=0.0), '(0, 1)'),
-    (lambda: BinomialDiffusion(binomial_schedule(4)).bound(lambda x, t: x, torch.full((2, 3), 0.5)), 'binary'),
-    (lambda: GaussianDiffusion(torch.full((4,), 0.1)).q_sample(torch.zeros(2, 3), torch.tensor([1, 5])), '1..4'),
-    (lambda: GaussianDiffusion(torch.full((4,), 0.1)).q_sample(torch.zeros(2, 3), torch.tensor([1.0, 2.0])), 'integer'),
+    (lambda: B4().bound(lambda x, t: x, torch.full((2, 3), 0.5)), 'binary'),
+    (lambda: G4().q_sample(torch.zeros(2, 3), torch.tensor([1, 5])), '1..4'),
+    (lambda: G4().q_sample(torch.zeros(2, 3), torch.tensor([1.0, 2.0])), 'integer'),
+    (lambda: G4().q_step(torch.zeros(2, 3), torch.tensor([0, 1])), '1..4'),
+    (lambda: G4().bound(lambda x, t: (x.numpy(), x.numpy()), torch.zeros(2, 3)), 'torch tensors'),
+    (lambda: G4().bound(lambda x, t: (x, x + 1), torch.zeros(2, 3), n_samples=0), 'n_samples'),
 ])
 def test_bad_input_is_refused_clearly(bad, message):
     with pytest.raises((ValueError, TypeError), match=None) as info:
