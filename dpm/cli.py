@@ -155,7 +155,7 @@ def image_grid(x, pad: int = 1, min_size: int = 512):
         r, c = divmod(i, cols)
         top, left = pad + r * (H + pad), pad + c * (W + pad)
         grid[:, top:top + H, left:left + W] = x[i]
-    scale = max(1, min_size // max(grid.shape[1:]))                  # enlarge small images
+    scale = max(1, math.ceil(min_size / max(grid.shape[1:])))        # enlarge small images
     grid = grid.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
     return grid[0].numpy() if C == 1 else grid.permute(1, 2, 0).numpy()
 
