@@ -535,7 +535,10 @@ class _AllocationCap(torch.overrides.TorchFunctionMode):
     "Refuse any tensor constructor asking for more than `cap` elements, before it allocates."
     def __init__(self, cap: int, what: str):
         super().__init__(); self.cap, self.what = cap, what
-        from torch.utils._device import _device_constructors
+        try: from torch.utils._device import _device_constructors  # what torch.device() redirects
+        except ImportError: _device_constructors = lambda: {
+            torch.empty, torch.empty_strided, torch.zeros, torch.ones, torch.full, torch.rand,
+            torch.randn, torch.randint, torch.arange, torch.linspace, torch.eye, torch.tensor}
         self.constructors = _device_constructors()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
