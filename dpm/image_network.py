@@ -136,16 +136,16 @@ class ImageReverse(ReverseModel):
 
     def features(self, x):
         "Lower layers: (B, C, H, W) -> (B, n_feat, H, W), conv and dense pathways side by side."
-        parts = []
+        parts, scale = [], self.variant == 'reference' and self.pathway == 'both'
         if self.use_conv:
             h = self.conv(x)
-            parts.append(h if self.variant == 'paper' else h / math.sqrt(self.n_conv))
+            parts.append(h / math.sqrt(self.n_conv) if scale else h)
         if self.use_dense:
             B, (C, H, W) = x.shape[0], self.event_shape
             h = self.dense(x.reshape(B, C * H * W)).reshape(B, self.dense_channels, H, W)
             if x.is_contiguous(memory_format=torch.channels_last):
                 h = h.contiguous(memory_format=torch.channels_last)
-            parts.append(h if self.variant == 'paper' else h / math.sqrt(self.dense_channels))
+            parts.append(h / math.sqrt(self.dense_channels) if scale else h)
         return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
     def raw(self, xt, t):
