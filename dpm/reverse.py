@@ -22,9 +22,10 @@ def gaussian_kernel(x, z_mu, z_sigma, beta_t):
     return (x - z_mu) * (1 - var) + z_mu, var
 
 def posterior_kernel(d: GaussianDiffusion, x, z_mu, z_sigma, t):
-    "Reverse mean and variance as the forward posterior at a predicted $x_0$ (eq-rev-posterior); t >= 2."
-    ab = d.alphas_bar()                                             # float64 (see 01_diffusion)
-    x0_hat = per_step(ab.sqrt(), t, x) * x + per_step((1 - ab).sqrt(), t, x) * z_mu
+    "Reverse mean and variance: the forward posterior at a predicted $x_0$ (eq-rev-posterior)."
+    alpha_bar = d.alphas_bar()                                      # float64 (see 01_diffusion)
+    x0_hat = (per_step(alpha_bar.sqrt(), t, x) * x
+              + per_step((1 - alpha_bar).sqrt(), t, x) * z_mu)
     mean, tilde = d.posterior(x0_hat, x, t)
     return mean, torch.sigmoid(z_sigma + torch.logit(tilde)).clamp(min=VAR_MIN)
 
@@ -35,7 +36,7 @@ def binomial_kernel(forward_prob, z):
 
 # %% ../nbs/04_reverse.ipynb #c29162cf
 class PerStepLinear(nn.Module):
-    "One affine readout $z = W_t^T h + b_t$ per time step, stored as a (T, in, out) tensor (eq-rev-readout)."
+    "One affine readout $z = W_t^T h + b_t$ per step, a (T, in, out) tensor (eq-rev-readout)."
     def __init__(self, T: int, n_in: int, n_out: int, init_scale: float = 0.1):
         super().__init__()
         self.T = int(T)
@@ -53,25 +54,31 @@ class PerStepLinear(nn.Module):
 
 class TemporalBumps(nn.Module):
     "Combine J per-output coefficients through normalised Gaussian bumps in t (eq-rev-bumps)."
-    def __init__(self, T: int, n_bumps: int = 10):
+    def __init__(self, T: int,
+                 n_bumps: int = 10,         # J
+                 width: float = 1.0):       # rho in units of the centre spacing
         super().__init__()
         if n_bumps < 1: raise ValueError(f"n_bumps must be positive, got {n_bumps}")
+        if not width > 0: raise ValueError(f"width must be positive, got {width}")
         self.T, self.J = int(T), int(n_bumps)
         t = torch.arange(1, T + 1, dtype=torch.float64)
-        centres = torch.linspace(1, T, n_bumps, dtype=torch.float64)
-        width = (centres[1] - centres[0]) if n_bumps > 1 else torch.tensor(float(T))
-        self.register_buffer('g', torch.softmax(-0.5 * ((t[:, None] - centres) / width) ** 2, 1).float())
+        centres = torch.linspace(1, T, n_bumps, dtype=torch.float64)            # tau_j
+        spacing = (centres[1] - centres[0]) if n_bumps > 1 else torch.tensor(float(T))
+        rho = width * spacing
+        g = torch.softmax(-0.5 * ((t[:, None] - centres) / rho) ** 2, 1)       # g_j(t), (T, J)
+        self.register_buffer('g', g.float())
 
     def forward(self, y, t):
         "y: (batch, J, ...) -> (batch, ...), weighted by $g_j(t)$."
         t = check_steps(t, self.T, y.shape[0])
-        if y.shape[1] != self.J: raise ValueError(f"expected {self.J} bump coefficients in dim 1, got {y.shape[1]}")
-        g = self.g[t - 1].to(y.dtype).reshape(*self.g[t - 1].shape, *([1] * (y.ndim - 2)))
-        return (y * g).sum(1)
+        if y.shape[1] != self.J:
+            raise ValueError(f"expected {self.J} bump coefficients in dim 1, got {y.shape[1]}")
+        g = self.g[t - 1].to(y.dtype)
+        return (y * g.reshape(*g.shape, *([1] * (y.ndim - 2)))).sum(1)
 
 # %% ../nbs/04_reverse.ipynb #808a1eaa
 class BumpLinear(nn.Module):
-    "Affine readout per t with weights smooth in t: $W_t = \\sum_j g_j(t) V_j$ (eq-rev-bump-linear)."
+    "Affine readout per t, weights smooth in t: $W_t = \\sum_j g_j(t) V_j$ (eq-rev-bump-linear)."
     def __init__(self, T: int, n_in: int, n_out: int, n_bumps: int = 20, init_scale: float = 0.1):
         super().__init__()
         self.T, self.n_in, self.n_out = int(T), n_in, n_out
@@ -87,36 +94,46 @@ class BumpLinear(nn.Module):
             g = self.bumps.g[int(t[0]) - 1].to(h.dtype)
             return h @ torch.einsum('j,jio->io', g, w) + g @ b
         J = self.bumps.J
-        y = (h @ w.permute(1, 0, 2).reshape(self.n_in, J * self.n_out)).view(-1, J, self.n_out) + b
-        return self.bumps(y, t)
+        y = h @ w.permute(1, 0, 2).reshape(self.n_in, J * self.n_out)
+        return self.bumps(y.view(-1, J, self.n_out) + b, t)
 
 # %% ../nbs/04_reverse.ipynb #3bb064db
 class ReverseModel(nn.Module):
-    "Base class: `reverse(xt, t)` -> (mean, var) or prob, built from `self.raw(xt, t)` (eq-rev-gauss, eq-rev-binom)."
+    "Base class: `reverse(xt, t)` -> (mean, var) or prob from `self.raw` (eq-rev-gauss, -binom)."
     def __init__(self, diffusion: Diffusion, event_shape, parameterization: str = 'kernel'):
         super().__init__()
-        if not isinstance(diffusion, Diffusion): raise TypeError("diffusion must be a dpm Diffusion")
-        if parameterization not in ('kernel', 'posterior'): raise ValueError(f"parameterization must be 'kernel' or 'posterior', got {parameterization!r}")
+        if not isinstance(diffusion, Diffusion):
+            raise TypeError("diffusion must be a dpm Diffusion")
+        if parameterization not in ('kernel', 'posterior'):
+            raise ValueError(f"parameterization must be 'kernel' or 'posterior', "
+                             f"got {parameterization!r}")
         if parameterization == 'posterior' and not isinstance(diffusion, GaussianDiffusion):
-            raise ValueError("the 'posterior' parameterization (eq-rev-posterior) is for Gaussian diffusion")
+            raise ValueError("the 'posterior' parameterization (eq-rev-posterior) is for "
+                             "Gaussian diffusion")
         self.parameterization = parameterization
-        object.__setattr__(self, 'diffusion', diffusion)              # a reference, not a submodule
+        object.__setattr__(self, 'diffusion', diffusion)          # a reference, not a submodule
         self.event_shape, self.T = tuple(event_shape), diffusion.T
         self.gaussian = isinstance(diffusion, GaussianDiffusion)
 
     def raw(self, xt, t):
-        "Subclasses return z of shape (batch, 2, *event) (Gaussian: z_mu, z_Sigma) or (batch, *event) (binomial)."
+        "Subclasses return z: (batch, 2, *event) (Gaussian: z_mu, z_Sigma) or (batch, *event)."
         raise NotImplementedError
 
-    def forward(self, xt, t):
+    def check_input(self, xt, t):
+        "Validate xt's event shape and t (t is not checked inside `torch.compile`)."
         if tuple(xt.shape[1:]) != self.event_shape:
-            raise ValueError(f"expected xt of shape (batch, {', '.join(map(str, self.event_shape))}), got {tuple(xt.shape)}")
-        t = check_steps(t, self.T, xt.shape[0])
+            shape = ', '.join(map(str, self.event_shape))
+            raise ValueError(f"expected xt of shape (batch, {shape}), got {tuple(xt.shape)}")
+        if torch.compiler.is_compiling(): return t.long()
+        return check_steps(t, self.T, xt.shape[0])
+
+    def forward(self, xt, t):
+        t = self.check_input(xt, t)
         z = self.raw(xt, t)
         if self.gaussian and self.parameterization == 'posterior':
             return posterior_kernel(self.diffusion, xt, z[:, 0], z[:, 1], t)
         if self.gaussian:
-            beta_t = self.diffusion.betas[t - 1].to(xt.dtype).reshape(-1, *([1] * len(self.event_shape)))
+            beta_t = per_step(self.diffusion.betas, t - 1, xt)        # beta_t, broadcast to xt
             return gaussian_kernel(xt, z[:, 0], z[:, 1], beta_t)
         return binomial_kernel(self.diffusion.kernel(xt, t), z)
 
@@ -126,7 +143,8 @@ class RBFReverse(ReverseModel):
     def __init__(self, diffusion, n_dims: int = 2, n_units: int = 16):
         super().__init__(diffusion, (n_dims,))
         side = math.ceil(n_units ** (1 / n_dims))
-        grid = torch.stack(torch.meshgrid(*[torch.linspace(-2, 2, side)] * n_dims, indexing='ij'), -1).reshape(-1, n_dims)
+        axes = [torch.linspace(-2, 2, side)] * n_dims
+        grid = torch.stack(torch.meshgrid(*axes, indexing='ij'), -1).reshape(-1, n_dims)
         self.centres = nn.Parameter(grid[torch.linspace(0, len(grid) - 1, n_units).long()].clone())
         self.log_width = nn.Parameter(torch.full((n_units,), math.log(4 / max(side - 1, 1))))
         self.readout = PerStepLinear(self.T, n_units, 2 * n_dims)
@@ -143,13 +161,20 @@ def time_features(t, T: int, n: int = 8):
     return torch.cat([s.sin(), s.cos()], 1)
 
 class MLPReverse(ReverseModel):
-    "MLP on (x, time features), shared over t; per-step (eq-rev-readout) or bump (eq-rev-bump-linear) readouts."
-    def __init__(self, diffusion, n_dims: int = 2, width: int = 128, depth: int = 3, n_freq: int = 8,
-                 parameterization: str = 'posterior', readout: str = 'per_step', n_bumps: int = 10,
-                 x_features: int = 0, x_scale: float = 10.0):
+    "MLP on (x, time features), shared over t; per-step (eq-rev-readout) or bump readouts."
+    def __init__(self, diffusion,
+                 n_dims: int = 2,                   # dimension of x
+                 width: int = 128, depth: int = 3,  # hidden layers (SiLU)
+                 n_freq: int = 8,                   # octaves of the time features
+                 parameterization: str = 'posterior',   # 'posterior' | 'kernel'
+                 readout: str = 'per_step',         # 'per_step' | 'bumps'
+                 n_bumps: int = 10,                 # J of the bump readout
+                 x_features: int = 0,               # m random Fourier features (eq-rev-fourier)
+                 x_scale: float = 10.0):            # their frequency scale
         super().__init__(diffusion, (n_dims,), parameterization)
-        g = torch.Generator().manual_seed(0)                          # the same projection for every seed
-        self.register_buffer('x_proj', torch.randn(n_dims, x_features, generator=g) * x_scale)   # eq-rev-fourier
+        g = torch.Generator().manual_seed(0)                          # the same for every seed
+        proj = torch.randn(n_dims, x_features, generator=g) * x_scale
+        self.register_buffer('x_proj', proj)                          # eq-rev-fourier
         self.n_freq, layers, n_in = n_freq, [], n_dims + 2 * n_freq + 2 * x_features
         for _ in range(depth): layers += [nn.Linear(n_in, width), nn.SiLU()]; n_in = width
         self.trunk = nn.Sequential(*layers)
@@ -159,13 +184,15 @@ class MLPReverse(ReverseModel):
 
     def raw(self, xt, t):
         proj = 2 * math.pi * xt @ self.x_proj.to(xt.dtype)
-        h = self.trunk(torch.cat([xt, proj.sin(), proj.cos(), time_features(t, self.T, self.n_freq).to(xt.dtype)], 1))
+        tf = time_features(t, self.T, self.n_freq).to(xt.dtype)
+        h = self.trunk(torch.cat([xt, proj.sin(), proj.cos(), tf], 1))
         return self.readout(h, t).view(-1, 2, *self.event_shape)
 
 # %% ../nbs/04_reverse.ipynb #efd993c2
 class HeartbeatReverse(ReverseModel):
-    "MLP 20-50-50-50 with sigmoids and a sigmoid readout per t (App. D.1.2): 'per_step' or 'bumps' readout."
-    def __init__(self, diffusion, n_bits: int = 20, width: int = 50, depth: int = 3, readout: str = 'bumps', n_bumps: int = 20):
+    "MLP 20-50-50-50, sigmoids, a sigmoid readout per t (App. D.1.2): 'per_step' or 'bumps'."
+    def __init__(self, diffusion, n_bits: int = 20, width: int = 50, depth: int = 3,
+                 readout: str = 'bumps', n_bumps: int = 20):
         super().__init__(diffusion, (n_bits,))
         layers, n_in = [], n_bits
         for _ in range(depth): layers += [nn.Linear(n_in, width), nn.Sigmoid()]; n_in = width
@@ -179,8 +206,9 @@ class HeartbeatReverse(ReverseModel):
 
 # %% ../nbs/04_reverse.ipynb #9bbd7850
 class BumpMLPReverse(ReverseModel):
-    "MLP on (x, time features) with a temporal bump readout (eq-rev-bumps, eq-rev-bump-linear); Gaussian or binomial."
-    def __init__(self, diffusion, n_dims: int, width: int = 128, depth: int = 3, n_bumps: int = 10, n_freq: int = 8):
+    "MLP on (x, time features), bump readout (eq-rev-bump-linear); Gaussian or binomial."
+    def __init__(self, diffusion, n_dims: int, width: int = 128, depth: int = 3, n_bumps: int = 10,
+                 n_freq: int = 8):
         super().__init__(diffusion, (n_dims,))
         self.n_freq, layers, n_in = n_freq, [], n_dims + 2 * n_freq
         for _ in range(depth): layers += [nn.Linear(n_in, width), nn.SiLU()]; n_in = width
@@ -190,5 +218,5 @@ class BumpMLPReverse(ReverseModel):
 
     def raw(self, xt, t):
         h = self.trunk(torch.cat([xt, time_features(t, self.T, self.n_freq).to(xt.dtype)], 1))
-        z = self.readout(h, t).view(len(xt), self.n_out, -1)                          # (batch, n_out, dims)
+        z = self.readout(h, t).view(len(xt), self.n_out, -1)                  # (batch, n_out, dims)
         return z if self.gaussian else z[:, 0]
