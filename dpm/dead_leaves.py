@@ -5,14 +5,14 @@ __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DEAD_LEAVES', 'DEAD_LEAVE
            'window_radii_cdf', 'dead_leaves_levels', 'dequantize', 'lens_area', 'same_disk_probability', 'fit_scale',
            'ceiling_bits', 'gaussian_log_likelihood', 'leaves_images', 'plot_figure4']
 
-# %% ../nbs/11_dead_leaves.ipynb #8796682e
+# %% ../nbs/11_dead_leaves.ipynb #dfce1820
 import math, time, functools
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
 from .image_network import ImageReverse
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
-# %% ../nbs/11_dead_leaves.ipynb #23dfafe2
+# %% ../nbs/11_dead_leaves.ipynb #4335e8d3
 R_MIN, R_MAX, LEVELS = 2.0, 64.0, 256     # radius range (pixels) and grey levels (eq-dl-window)
 
 def check_leaves(size, r_min, r_max, levels):
@@ -28,11 +28,12 @@ def window_radii(n: int, size: int, r_min=R_MIN, r_max=R_MAX, generator=None, de
     mass = torch.tensor([S * S * (a ** -2 - b ** -2) / 2,            # S^2 r^-3
                          4 * S * (1 / a - 1 / b),                    # 4 S r^-2
                          4 * math.log(b / a)], dtype=torch.float64)  # 4 r^-1
-    part = torch.multinomial(mass / mass.sum(), n, replacement=True, generator=generator)
-    u = torch.rand(n, generator=generator, dtype=torch.float64)
+    dev = torch.device(device or 'cpu')
+    part = torch.multinomial((mass / mass.sum()).to(dev), n, replacement=True, generator=generator)
+    u = torch.rand(n, generator=generator, dtype=torch.float64, device=dev)
     r = torch.where(part == 0, (a ** -2 - u * (a ** -2 - b ** -2)) ** -0.5,       # inverse CDFs
                     torch.where(part == 1, 1 / (1 / a - u * (1 / a - 1 / b)), a * (b / a) ** u))
-    return r.float().to(device)
+    return r.float()
 
 def window_radii_cdf(r, size: int, r_min=R_MIN, r_max=R_MAX):
     "Distribution function of eq-dl-window (float64), for checks."
@@ -41,14 +42,18 @@ def window_radii_cdf(r, size: int, r_min=R_MIN, r_max=R_MAX):
     F = S * S * (a ** -2 - r ** -2) / 2 + 4 * S * (1 / a - 1 / r) + 4 * torch.log(r / a)
     return F / (S * S * (a ** -2 - b ** -2) / 2 + 4 * S * (1 / a - 1 / b) + 4 * math.log(b / a))
 
-# %% ../nbs/11_dead_leaves.ipynb #9a766df4
+# %% ../nbs/11_dead_leaves.ipynb #d9d1a7ee
 def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels: int = LEVELS,
-                       generator=None, device=None, batch: int = 256, budget: int = 2 ** 22):
+                       generator=None, device=None, batch: int = None, budget: int = None,
+                       matmul: bool = None):     # distances by one matmul (CPU) or by broadcasting
     "n dead leaves images of grey levels 0..levels-1 (eq-dl-first): (n, size, size) int16."
     check_leaves(size, r_min, r_max, levels)
     dev, S = torch.device(device or 'cpu'), int(size)
-    if generator is not None and generator.device != dev:
+    if generator is not None and generator.device.type != dev.type:
         raise ValueError(f"dpm: the generator lives on {generator.device}, the images on {dev}")
+    gpu = dev.type == 'cuda'
+    batch, budget = batch or (4096 if gpu else 256), budget or (2 ** 26 if gpu else 2 ** 22)
+    matmul = (not gpu) if matmul is None else matmul        # TF32 matmuls would be too coarse
     out = torch.empty(n, S * S, dtype=torch.int16, device=dev)
     grid = torch.stack(torch.meshgrid(torch.arange(S, device=dev), torch.arange(S, device=dev),
                                       indexing='ij'), -1).reshape(-1, 2).float() + 0.5  # centres
@@ -66,11 +71,14 @@ def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels:
                  - r[..., None])                                       # uniform on [-r, S + r]^2
             k = torch.randint(int(levels), (B, K), generator=generator, device=dev,
                               dtype=torch.int16)
-            # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
-            P = torch.cat([pix, torch.ones_like(pix[..., :1]), (pix * pix).sum(-1, keepdim=True)], -1)
-            C = torch.cat([-2 * c, ((c * c).sum(-1) - r * r)[..., None], torch.ones_like(r[..., None])],
-                          -1)
-            cover = torch.bmm(P, C.transpose(1, 2)) < 0                # (B, M, K)
+            if matmul:                      # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
+                P = torch.cat([pix, torch.ones_like(pix[..., :1]), (pix * pix).sum(-1, keepdim=True)],
+                              -1)
+                C = torch.cat([-2 * c, ((c * c).sum(-1) - r * r)[..., None],
+                               torch.ones_like(r[..., None])], -1)
+                cover = torch.bmm(P, C.transpose(1, 2)) < 0            # (B, M, K)
+            else:
+                cover = (((pix[:, :, None] - c[:, None]) ** 2).sum(-1) < (r * r)[:, None])
             first = cover.view(torch.uint8).argmax(-1)                 # n(p) within this round
             hit = torch.gather(cover, 2, first[..., None])[..., 0] & live
             b, m = hit.nonzero(as_tuple=True)
@@ -87,7 +95,7 @@ def dequantize(k: torch.Tensor, levels: int = LEVELS, generator=None) -> torch.T
     u = torch.rand(k.shape, generator=generator, device=k.device)
     return (k.float() + u) / levels
 
-# %% ../nbs/11_dead_leaves.ipynb #40056ea7
+# %% ../nbs/11_dead_leaves.ipynb #d82a5e09
 def lens_area(r, d):
     "Area of the overlap of two disks of radius r whose centres are d apart (eq-dl-lens)."
     h = (d / (2 * r)).clamp(max=1)
@@ -102,7 +110,7 @@ def same_disk_probability(d, r_min=R_MIN, r_max=R_MAX, m: int = 200_000) -> torc
     cap = lens_area(r, d).mean(1)                              # E_r[A_cap(r, d)]
     return cap / (2 * math.pi * (r ** 2).mean() - cap)
 
-# %% ../nbs/11_dead_leaves.ipynb #07e66431
+# %% ../nbs/11_dead_leaves.ipynb #1a41e5c0
 def fit_scale(x: torch.Tensor):
     "Shift m and scale s of eq-dl-scale (one number each over all pixels), float64."
     x = x.double()
@@ -115,7 +123,7 @@ def ceiling_bits(scale: float, levels: int = LEVELS) -> float:
 
 L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)       # bits per pixel, unit Gaussian
 
-# %% ../nbs/11_dead_leaves.ipynb #eff8bfca
+# %% ../nbs/11_dead_leaves.ipynb #f9c11ac4
 @torch.no_grad()
 def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: int = 2000):
     "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-dl-gauss)."
@@ -133,7 +141,7 @@ def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: i
         out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
     return torch.cat(out)
 
-# %% ../nbs/11_dead_leaves.ipynb #1bcdd54e
+# %% ../nbs/11_dead_leaves.ipynb #46b2f5e2
 @functools.lru_cache(maxsize=4)
 def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: int, device: str):
     dev = pick_device(device)
@@ -167,7 +175,7 @@ def _build(cfg):
                            layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'], variant=cfg['variant'])
     return d, reverse
 
-# %% ../nbs/11_dead_leaves.ipynb #1d9a9d19
+# %% ../nbs/11_dead_leaves.ipynb #79f826e1
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "K, K - L_null, the Gaussian baseline and the ceiling, bits per pixel of the scaled images."
@@ -191,7 +199,7 @@ def _evaluate(d, reverse, cfg, heldout):
                 data_shift=d.data_shift.item(), data_scale=d.data_scale.item(), n_heldout=len(x),
                 size=int(cfg['size']), T=d.T, bound_seconds=seconds)
 
-# %% ../nbs/11_dead_leaves.ipynb #d0142aab
+# %% ../nbs/11_dead_leaves.ipynb #518dfc2f
 @torch.no_grad()
 def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     "Figure 4: n held-out training-distribution images (top) and n model samples (bottom)."
@@ -213,7 +221,7 @@ def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
 def _figures(d, reverse, cfg, heldout):
     return {'figure4': plot_figure4(d, reverse, heldout, n=4, seed=cfg.get('seed', 0))}
 
-# %% ../nbs/11_dead_leaves.ipynb #ff8186b3
+# %% ../nbs/11_dead_leaves.ipynb #f4b3e20f
 _DATA = dict(r_min=R_MIN, r_max=R_MAX, levels=LEVELS)
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=500, data_device='cpu', **_DATA,
                T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
