@@ -110,3 +110,36 @@ def test_binomial_log_density_linear_is_factorised():
     assert torch.allclose(lin.perturb(d, c, 1.0), BitProbabilities(p1).perturb(d, c, 1.0))
     x = sample_posterior(d, t_pi(d), lin, (50, 6), dtype=torch.float64)
     assert ((x == 0) | (x == 1)).all()
+
+
+@pytest.mark.parametrize('int_dtype', [torch.long, torch.int32, torch.uint8])
+def test_inpaint_and_denoise_accept_integer_observations(int_dtype):
+    """Integer pixels/bits (issue 11): float samples, or a clear error, never NotImplementedError "normal_kernel_cpu"."""
+    gd = GaussianDiffusion(GaussianSchedule(5, learn=False))
+    y = torch.tensor([[1, 2, 3], [0, 1, 0]], dtype=int_dtype)
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    x = inpaint(gd, t_pi(gd), y, mask)
+    assert x.is_floating_point() and x.shape == y.shape and torch.equal(x[mask], y[mask].to(x.dtype))
+    assert denoise(gd, t_pi(gd), y, 0.1).is_floating_point()
+    bd = BinomialDiffusion(binomial_schedule(5), p=0.2)
+    bits = torch.tensor([[1, 0, 1, 1]], dtype=int_dtype)
+    xb = inpaint(bd, t_pi(bd), bits, torch.tensor([[True, True, False, False]]))
+    assert xb.is_floating_point() and torch.equal(xb[0, :2], torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match='floating'):
+        sample_posterior(gd, t_pi(gd), Mask(y[0], mask[0]), (2, 3), dtype=torch.long)
+
+
+def test_linear_gaussian_reverse_refuses_a_diffusion_of_another_length():
+    """A model built for T steps used with a diffusion of another length is refused (issue 11), not truncated."""
+    Sigma = torch.tensor([[1.0, 0.5], [0.5, 1.0]])
+    model = LinearGaussianReverse.for_gaussian_data(GaussianDiffusion(GaussianSchedule(20, learn=False)), Sigma)
+    short = GaussianDiffusion(GaussianSchedule(10, learn=False))
+    r = GaussianObservation(torch.tensor([1.0, 0.0]), 0.1, torch.tensor([True, False]))
+    for call in (lambda: model.steps(short), lambda: model.marginal_covariances(short),
+                 lambda: exact_posterior(short, model, r), lambda: h_transform_sample(short, model, r, 5),
+                 lambda: sample_posterior(short, model, r, (4, 2))):
+        with pytest.raises(ValueError, match='20 steps.*10'):
+            call()
+    long = GaussianDiffusion(GaussianSchedule(30, learn=False))
+    with pytest.raises(ValueError, match='20 steps.*30'):
+        sample_posterior(long, model, r, (4, 2))
