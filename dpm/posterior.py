@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['r_weights', 'Observation', 'GaussianObservation', 'Mask', 'BitProbabilities', 'LogDensity', 'sample_posterior',
-           'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior', 'h_transform_sample']
+           'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior', 'h_transform_sample', 'parse_bits',
+           'draw_bit_posterior', 'draw_2d_posterior']
 
 # %% ../nbs/09_posterior.ipynb #57a28e35
 import math
@@ -342,4 +343,43 @@ def h_transform_sample(d: GaussianDiffusion, model: LinearGaussianReverse, r, n:
     x = draw(torch.eye(D, dtype=torch.float64), torch.zeros(n, D, dtype=torch.float64), T)
     for t in range(T, 0, -1):
         x = draw(torch.diag(1 / v[t]), (x @ A[t].T) / v[t], t - 1)
+    return x
+
+# %% ../nbs/09_posterior.ipynb #123c3607
+def parse_bits(observed: str):
+    "Observed bits as text, '0'/'1' observed and '?' free: (values, mask) for a `Mask`."
+    if not isinstance(observed, str) or not observed or set(observed) - set('01?'):
+        raise ValueError(f"observed bits must be a non-empty string of '0', '1' and '?', "
+                         f"got {observed!r}")
+    y = torch.tensor([1.0 if c == '1' else 0.0 for c in observed])
+    return y, torch.tensor([c != '?' for c in observed])
+
+def draw_bit_posterior(ax, d: BinomialDiffusion, reverse, observed: str, n: int = 12,
+                       schedule='constant', seed: int = 0):
+    """Draw n posterior samples of bit sequences given `observed` ('0', '1' or '?' per bit; a
+    `Mask`, eq-post-delta): the observation on top (grey: free), then the samples. Returns them."""
+    if not isinstance(d, BinomialDiffusion):
+        raise TypeError("draw_bit_posterior needs a BinomialDiffusion")
+    y, mask = parse_bits(observed)
+    g = torch.Generator(device=d.betas.device).manual_seed(seed)
+    x = sample_posterior(d, reverse, Mask(y, mask), (n, len(observed)), schedule, generator=g).cpu()
+    top = torch.where(mask, y, torch.full_like(y, 0.5))[None]
+    rows = torch.cat([top, torch.full_like(top, float('nan')), x.float()])
+    ax.clear()
+    ax.imshow(rows.numpy(), cmap='gray_r', vmin=0, vmax=1, interpolation='nearest', aspect='auto')
+    ax.set(title=f'observed {observed}', xlabel='bit', yticks=[0], yticklabels=['r'])
+    return x
+
+def draw_2d_posterior(ax, d: GaussianDiffusion, reverse, r: Observation, n: int = 500,
+                      schedule='constant', seed: int = 0, reference=None, lim: float = 2.4):
+    """Draw n posterior samples of a 2-D model given the factor `r` (sample_posterior), over
+    optional reference points (grey). Returns the samples."""
+    if not isinstance(d, GaussianDiffusion):
+        raise TypeError("draw_2d_posterior needs a GaussianDiffusion")
+    g = torch.Generator(device=d.betas.device).manual_seed(seed)
+    x = sample_posterior(d, reverse, r, (n, 2), schedule, generator=g).cpu()
+    ax.clear()
+    if reference is not None: ax.scatter(*reference.cpu().T, s=1, color='0.8', label='reference')
+    ax.scatter(*x.T, s=2, color='C1', label='posterior samples')
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect='equal')
     return x
