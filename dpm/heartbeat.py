@@ -3,10 +3,10 @@
 # %% auto #0
 __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats', 'sample_heartbeats', 'is_heartbeat',
            'true_log_likelihood', 'diffusion', 'trained_model', 'OptimalReverse', 'first_step_bits', 'evaluate_optimal',
-           'align', 'plot_figure2']
+           'phase_entropy_bits', 'ceiling_gap_bits', 'beta_1_for_gap', 'align', 'plot_figure2', 'draw_reverse_bits']
 
 # %% ../nbs/08_heartbeat.ipynb #23b437db
-import math, time
+import itertools, math, time
 import torch
 from .diffusion import BinomialDiffusion, binomial_schedule, check_steps, LN2
 from .reverse import ReverseModel, HeartbeatReverse, BumpMLPReverse, PROB_EPS
@@ -134,11 +134,7 @@ class OptimalReverse(ReverseModel):
 
 def first_step_bits(d: BinomialDiffusion, m: int = LENGTH // PERIOD, n: int = LENGTH) -> float:
     "E log T_pi(x0 | x1; beta_1) in bits for a sequence with m ones of n bits (eq-hb-first-step)."
-    beta_1, p = float(d.betas[0]), d.p
-    a, b = (1 - p) * beta_1, p * beta_1
-    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
-    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
-    return (m * ones + (n - m) * zeros) / LN2
+    return _tpi_bits(float(d.betas[0]), d.p, m, n)
 
 @torch.no_grad()
 def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
@@ -153,6 +149,47 @@ def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
                 first_step_bits=first_step_bits(d),
                 optimal_gap_bits=-math.log2(PERIOD) - K['K_bits'],
                 optimal_valid_fraction=is_heartbeat(samples.cpu()).float().mean().item())
+
+# %% ../nbs/08_heartbeat.ipynb #899270f7
+def _tpi_bits(beta_1: float, p: float, m: int, n: int) -> float:
+    "E log T_pi(x0 | x1; beta_1) in bits, m ones of n bits (eq-hb-first-step)."
+    a, b = (1 - p) * beta_1, p * beta_1
+    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
+    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
+    return (m * ones + (n - m) * zeros) / LN2
+
+def phase_entropy_bits(beta_1: float, p: float = RATE, period: int = PERIOD,
+                       ones: int = LENGTH // PERIOD) -> float:
+    """H(X0 | X1) in bits for equally likely heartbeats after one binomial step of rate beta_1
+    (eq-hb-phase-entropy), exactly: a sum over the counts of ones in the `period` groups of bits."""
+    if not 0 < beta_1 < 1: raise ValueError(f"beta_1 must lie in (0, 1), got {beta_1}")
+    a, b = (1 - p) * beta_1, p * beta_1                   # P(1 -> 0), P(0 -> 1) in the step
+    counts = torch.tensor(list(itertools.product(range(ones + 1), repeat=period)),
+                          dtype=torch.float64)          # ones per group of bits, (ones+1)^period
+    lgam = lambda v: torch.lgamma(torch.as_tensor(v, dtype=torch.float64) + 1)
+    log_mult = (lgam(ones) - lgam(counts) - lgam(ones - counts)).sum(1)   # x1 per count vector
+    on = counts * math.log1p(-a) + (ones - counts) * math.log(a)          # group of phi_k's ones
+    off = counts * math.log(b) + (ones - counts) * math.log1p(-b)         # the other groups
+    log_q = off.sum(1, keepdim=True) - off + on           # log q(x1 | phi_k), (count vectors, k)
+    ratio = (log_q[:, None, :] - log_q[:, :, None]).exp()                 # [., k, l]: q_l / q_k
+    others = ratio.masked_fill(torch.eye(period, dtype=torch.bool), 0).sum(-1)
+    h = ((log_mult[:, None] + log_q).exp() * torch.log1p(others)).sum() / period   # -log w_k
+    return h.item() / LN2
+
+def ceiling_gap_bits(beta_1: float, p: float = RATE, m: int = LENGTH // PERIOD,
+                     n: int = LENGTH) -> float:
+    "Least gap true - K in bits that the fixed step T_pi(beta_1) allows (eq-hb-ceiling)."
+    return -_tpi_bits(beta_1, p, m, n) - phase_entropy_bits(beta_1, p, PERIOD, m)
+
+def beta_1_for_gap(gap_bits: float, p: float = RATE) -> float:
+    "The largest beta_1 whose ceiling gap (eq-hb-ceiling) is at most `gap_bits`, by bisection."
+    if not gap_bits > 0: raise ValueError(f"gap_bits must be positive, got {gap_bits}")
+    lo, hi = math.log(1e-12), math.log(0.5)               # the gap grows with beta_1
+    if ceiling_gap_bits(math.exp(hi), p) <= gap_bits: return math.exp(hi)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ceiling_gap_bits(math.exp(mid), p) <= gap_bits else (lo, mid)
+    return math.exp(lo)
 
 # %% ../nbs/08_heartbeat.ipynb #3f819fef
 def align(x) -> torch.Tensor:
@@ -171,3 +208,19 @@ def plot_figure2(train_x, samples, n: int = 30):
     axes[0].set_ylabel('sequence')
     fig.tight_layout()
     return fig
+
+# %% ../nbs/08_heartbeat.ipynb #65f181c3
+def draw_reverse_bits(ax, traj, t: int, n: int = 30):
+    """Draw the bits $x^{(t)}$ of reverse trajectories `traj` (batch, T+1, length; index t, as
+    `sample(..., return_trajectory=True)` returns them) at step t, one row per trajectory."""
+    if traj.ndim != 3:
+        raise ValueError(f"traj must be (batch, T+1, length), got {tuple(traj.shape)}")
+    T = traj.shape[1] - 1
+    if isinstance(t, bool) or int(t) != t or not 0 <= t <= T:
+        raise ValueError(f"t must be an integer in 0..{T}, got {t!r}")
+    x = traj[:n, int(t)].cpu()
+    ax.clear()
+    ax.imshow(x.numpy(), cmap='gray_r', vmin=0, vmax=1, interpolation='nearest', aspect='auto')
+    valid = is_heartbeat(x, x.shape[1]).float().mean().item()
+    ax.set(title=f'$x^{{({int(t)})}}$: {valid:.0%} heartbeats', xlabel='bin', ylabel='trajectory')
+    return x

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['U_MIN', 'U_MAX', 'NOISE', 'SWISS_ROLL', 'SWISS_ROLL_RBF', 'SWISS_ROLL_THIN', 'roll_curve', 'roll_moments',
            'sample_swiss_roll', 'true_log_likelihood', 'geometric_schedule', 'default_beta_1', 'trained_model',
-           'plot_figure1']
+           'plot_figure1', 'draw_reverse_step']
 
 # %% ../nbs/07_swiss_roll.ipynb #b2c67ca0
 import math, time
@@ -163,3 +163,24 @@ def plot_figure1(d, reverse, x0, n: int = 2000, grid: int = 17, seed: int = 0):
     for ax in axes.flat: ax.set_xlim(-2.4, 2.4); ax.set_ylim(-2.4, 2.4); ax.set_aspect('equal')
     fig.tight_layout()
     return fig
+
+# %% ../nbs/07_swiss_roll.ipynb #f595a7e5
+@torch.no_grad()
+def draw_reverse_step(ax, d, reverse, traj, t: int, grid: int = 15, lim: float = 2.4):
+    """Draw reverse samples $x^{(t)}$ of `traj` (batch, T+1, 2; index t, as `sample(...,
+    return_trajectory=True)` returns them) and, for t >= 2, the drift f_mu(x, t) - x of step t."""
+    if traj.ndim != 3 or traj.shape[-1] != 2 or traj.shape[1] != d.T + 1:
+        raise ValueError(f"traj must be (batch, {d.T + 1}, 2), got {tuple(traj.shape)}")
+    if isinstance(t, bool) or int(t) != t or not 0 <= t <= d.T:
+        raise ValueError(f"t must be an integer in 0..{d.T}, got {t!r}")
+    t, dev = int(t), d.betas.device
+    ax.clear()
+    ax.scatter(*traj[:, t].cpu().T, s=1, color='C1')
+    if t >= 2:
+        g = torch.linspace(-lim + 0.2, lim - 0.2, grid, device=dev)
+        mesh = torch.stack(torch.meshgrid(g, g, indexing='xy'), -1).reshape(-1, 2)
+        mean, _ = reverse(mesh, torch.full((len(mesh),), t, device=dev))
+        drift = (mean - mesh).cpu()
+        ax.quiver(*mesh.cpu().T, *drift.T, angles='xy', scale_units='xy', scale=None, width=0.004)
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect='equal', title=f'$p(x^{{({t})}})$')
+    return traj[:, t]
