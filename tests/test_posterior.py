@@ -143,3 +143,31 @@ def test_linear_gaussian_reverse_refuses_a_diffusion_of_another_length():
     long = GaussianDiffusion(GaussianSchedule(30, learn=False))
     with pytest.raises(ValueError, match='20 steps.*30'):
         sample_posterior(long, model, r, (4, 2))
+
+
+def test_interactive_posterior_frames():
+    """The frame functions of chapter 09's widgets/animations: they draw, follow the observation, refuse
+    bad input."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from dpm.posterior import draw_2d_posterior, draw_bit_posterior, parse_bits
+    y, mask = parse_bits('01??')
+    assert y.tolist() == [0.0, 1.0, 0.0, 0.0] and mask.tolist() == [True, True, False, False]
+    for bad in ('', '01x', None, 5):
+        with pytest.raises(ValueError, match="'0', '1' and '\\?'"): parse_bits(bad)
+    bd = BinomialDiffusion(binomial_schedule(10), p=0.2)
+    gd = GaussianDiffusion(GaussianSchedule(10, learn=False))
+    fig, ax = plt.subplots()
+    try:
+        a = draw_bit_posterior(ax, bd, t_pi(bd), '1?0?', 6)
+        b = draw_bit_posterior(ax, bd, t_pi(bd), '0?1?', 6)
+        assert len(ax.images) == 1 and (a[:, 0] == 1).all() and (b[:, 0] == 0).all() and (a[:, 2] == 0).all()
+        with pytest.raises(TypeError, match='BinomialDiffusion'): draw_bit_posterior(ax, gd, t_pi(gd), '01')
+        obs = lambda v: GaussianObservation(torch.tensor([v, 0.0]), 0.01, torch.tensor([True, False]))
+        xa, xb = draw_2d_posterior(ax, gd, t_pi(gd), obs(-1.0), 100), draw_2d_posterior(ax, gd, t_pi(gd), obs(1.0), 100)
+        assert xa.shape == (100, 2) and xa[:, 0].mean() < 0 < xb[:, 0].mean() and len(ax.collections) == 1
+        with pytest.raises(TypeError, match='GaussianDiffusion'):
+            draw_2d_posterior(ax, bd, t_pi(bd), Mask(torch.zeros(2), torch.ones(2, dtype=torch.bool)))
+    finally:
+        plt.close(fig)
