@@ -58,12 +58,13 @@ def declared(nb_path):
         if cell['cell_type'] != 'code': continue
         c = nbdev_directives.translate(json.loads(json.dumps(cell)))
         if NOT_SHOWN & set(c.get('metadata', {}).get('tags', [])): continue
-        code = _code(c['source'])
+        text = ''.join(c['source'])              # translate() leaves a cell without directives as is
+        code = _code(text)
         if not code: continue
         if re.search(r'(^|[;\s])plt\.show\(\)\s*;?$', code[-1]): images += 1
-        for call in re.findall(r'glue\(\s*[\'"][^\'"]+[\'"]\s*,\s*fig\w*[^)]*\)', c['source']):
+        for call in re.findall(r'glue\(\s*[\'"][^\'"]+[\'"]\s*,\s*fig\w*[^)]*\)', text):
             if not re.search(r'display\s*=\s*False', call): images += 1
-        animations += c['source'].count('.to_jshtml(')
+        animations += text.count('.to_jshtml(')
     return images, animations
 
 
@@ -122,7 +123,8 @@ def test_chapter_renders_its_figures(nb):
 
 def test_declared_counts_what_a_chapter_shows(tmp_path):
     """The declaration counter itself: shown figures count, hidden cells and non-final show() don't."""
-    def code(src): return {'cell_type': 'code', 'metadata': {}, 'source': src, 'outputs': []}
+    def code(src):                           # nbformat stores sources as lists of lines
+        return {'cell_type': 'code', 'metadata': {}, 'source': src.splitlines(True), 'outputs': []}
     cells = [code('plt.plot(x)\nplt.show()'), code('fig, ax = plt.subplots()\nplt.tight_layout(); plt.show()\n'),
              code('#| hide\nplt.plot(x); plt.show()'), code('plt.show()\nprint(1)'),
              code("glue('f', fig, display=False)"), code("glue('g', fig)"),
