@@ -164,7 +164,7 @@ def plot_figure1(d, reverse, x0, n: int = 2000, grid: int = 17, seed: int = 0):
     fig.tight_layout()
     return fig
 
-# %% ../nbs/07_swiss_roll.ipynb #f595a7e5
+# %% ../nbs/07_swiss_roll.ipynb #5384c103
 @torch.no_grad()
 def draw_reverse_step(ax, d, reverse, traj, t: int, grid: int = 15, lim: float = 2.4):
     """Draw reverse samples $x^{(t)}$ of `traj` (batch, T+1, 2; index t, as `sample(...,
