@@ -3,10 +3,10 @@
 # %% auto #0
 __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats', 'sample_heartbeats', 'is_heartbeat',
            'true_log_likelihood', 'diffusion', 'trained_model', 'OptimalReverse', 'first_step_bits', 'evaluate_optimal',
-           'align', 'plot_figure2']
+           'phase_entropy_bits', 'ceiling_gap_bits', 'beta_1_for_gap', 'align', 'plot_figure2', 'draw_reverse_bits']
 
 # %% ../nbs/08_heartbeat.ipynb #23b437db
-import math, time
+import itertools, math, time
 import torch
 from .diffusion import BinomialDiffusion, binomial_schedule, check_steps, LN2
 from .reverse import ReverseModel, HeartbeatReverse, BumpMLPReverse, PROB_EPS
@@ -16,12 +16,13 @@ from .training import Experiment, train_or_load, evaluate_bound, pick_device
 LENGTH, PERIOD, RATE = 20, 5, 0.2
 
 def heartbeats(length: int = LENGTH, period: int = PERIOD) -> torch.Tensor:
-    "The `period` distinct heartbeat sequences, row phi has ones at phi, phi+period, ... (eq-hb-true)."
+    "The `period` distinct heartbeats; row phi has ones at phi, phi+period, ... (eq-hb-true)."
     x = torch.zeros(period, length)
     for phi in range(period): x[phi, phi::period] = 1
     return x
 
-def sample_heartbeats(n: int, generator=None, length: int = LENGTH, period: int = PERIOD) -> torch.Tensor:
+def sample_heartbeats(n: int, generator=None, length: int = LENGTH,
+                      period: int = PERIOD) -> torch.Tensor:
     "n heartbeats with phases drawn uniformly."
     return heartbeats(length, period)[torch.randint(period, (n,), generator=generator)]
 
@@ -30,8 +31,9 @@ def is_heartbeat(x, length: int = LENGTH, period: int = PERIOD) -> torch.Tensor:
     return (x[:, None, :] == heartbeats(length, period).to(x)).all(-1).any(-1)
 
 def true_log_likelihood(x, period: int = PERIOD) -> torch.Tensor:
-    "Exact log q(x) in nats per sequence: log(1/period) for heartbeats, -inf otherwise (eq-hb-true)."
-    return torch.where(is_heartbeat(x, x.shape[1], period), torch.tensor(-math.log(period)), torch.tensor(-math.inf))
+    "Exact log q(x) in nats per sequence: log(1/period) for heartbeats, else -inf (eq-hb-true)."
+    return torch.where(is_heartbeat(x, x.shape[1], period), torch.tensor(-math.log(period)),
+                       torch.tensor(-math.inf))
 
 # %% ../nbs/08_heartbeat.ipynb #406bbda4
 def diffusion(T: int = 2000, p: float = RATE) -> BinomialDiffusion:
@@ -40,9 +42,11 @@ def diffusion(T: int = 2000, p: float = RATE) -> BinomialDiffusion:
 
 def _build(cfg):
     d = diffusion(cfg['T'])
-    if cfg['model'] == 'mlp': return d, HeartbeatReverse(d, LENGTH, cfg['width'], 3, cfg['readout'], cfg['n_bumps'])
+    if cfg['model'] == 'mlp':
+        return d, HeartbeatReverse(d, LENGTH, cfg['width'], 3, cfg['readout'], cfg['n_bumps'])
     if cfg['model'] == 'tmlp': return d, BumpMLPReverse(d, LENGTH, cfg['width'], 3, cfg['n_bumps'])
-    raise ValueError(f"model must be 'mlp' (App. D.1.2) or 'tmlp' (time-conditioned MLP), got {cfg['model']!r}")
+    raise ValueError("model must be 'mlp' (App. D.1.2) or 'tmlp' (time-conditioned MLP), "
+                     f"got {cfg['model']!r}")
 
 def _data(cfg, seed):
     g = torch.Generator().manual_seed(10_000 + seed)
@@ -50,12 +54,14 @@ def _data(cfg, seed):
 
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    "Table 1 numbers: K on each heartbeat, K - L_null, the exact and the importance-sampled log-likelihood, valid samples."
+    """Table 1 numbers: K on each heartbeat, K - L_null, the exact and the importance-sampled
+    log-likelihood, valid samples."""
     dev = d.betas.device
     seqs = heartbeats().to(dev)
     torch.manual_seed(cfg['seed'] + 1)
     K = evaluate_bound(d, reverse, seqs.repeat(cfg['eval_reps'], 1), batch_size=1000)
-    per = [d.bound(reverse, seqs[i:i + 1].repeat(cfg['eval_reps'] // 5, 1)).double() / LN2 for i in range(5)]
+    per = [d.bound(reverse, seqs[i:i + 1].repeat(cfg['eval_reps'] // 5, 1)).double() / LN2
+           for i in range(5)]
     per_seq = torch.stack([k.mean() for k in per])
     per_seq_se = torch.stack([k.std() / math.sqrt(len(k)) for k in per])
     t0 = time.perf_counter()
@@ -71,32 +77,39 @@ def _evaluate(d, reverse, cfg, heldout):
     return dict(K_bits=K['K_bits'], K_bits_se=K['K_bits_se'], K_per_sequence_bits=per_seq.tolist(),
                 K_per_sequence_se=per_seq_se.tolist(),
                 L_null_bits=l_null, K_minus_L_null_bits=K['K_bits'] - l_null, true_ll_bits=true,
-                gap_bits=true - K['K_bits'], is_ll_bits=ll_is.mean().item(), is_samples=cfg['is_samples'],
+                gap_bits=true - K['K_bits'], is_ll_bits=ll_is.mean().item(),
+                is_samples=cfg['is_samples'],
                 is_seconds=t_is, valid_fraction=is_heartbeat(samples.cpu()).float().mean().item(),
                 n_draws=cfg['n_draws'], sample_seconds=t_sample)
 
-_CONFIG = dict(T=2000, model='tmlp', width=128, readout='bumps', n_bumps=20, n_train=10_000, n_heldout=1000,
-               steps=32_000, batch_size=512, lr=3e-3, lr_final=0.02, optimizer='adam', ema=0.999, eval_every=4000,
-               eval_size=200, checkpoint_every=500, stratified=True, grad_clip=None, eval_reps=200, is_samples=1000,
-               n_draws=10_000)
-_SMALL = dict(T=100, steps=300, batch_size=256, eval_every=100, eval_size=100, eval_reps=50, is_samples=50, n_draws=1000,
-              ema=0.9)
+_CONFIG = dict(T=2000, model='tmlp', width=128, readout='bumps', n_bumps=20, n_train=10_000,
+               n_heldout=1000, steps=32_000, batch_size=512, lr=3e-3, lr_final=0.02,
+               optimizer='adam', ema=0.999, eval_every=4000, eval_size=200, checkpoint_every=500,
+               stratified=True, grad_clip=None, eval_reps=200, is_samples=1000, n_draws=10_000)
+_SMALL = dict(T=100, steps=300, batch_size=256, eval_every=100, eval_size=100, eval_reps=50,
+              is_samples=50, n_draws=1000, ema=0.9)
 _PAPER = dict(K_bits=-2.414, K_minus_L_null_bits=12.024, true_ll_bits=-math.log2(5))
 
 def _figures(d, reverse, cfg, heldout):
     torch.manual_seed(cfg['seed'])
-    return {'figure2': plot_figure2(heldout, d.sample(reverse, (30, LENGTH), device=d.betas.device))}
+    samples = d.sample(reverse, (30, LENGTH), device=d.betas.device)
+    return {'figure2': plot_figure2(heldout, samples)}
 
 HEARTBEAT = Experiment(
-    name='heartbeat', description='Binary heartbeat, T=2000 binomial steps, time-conditioned MLP (Table 1 row 2, Figure 2)',
-    build=_build, data=_data, config=_CONFIG, small=_SMALL, evaluate=_evaluate, paper=_PAPER, figures=_figures)
+    name='heartbeat',
+    description='Binary heartbeat, T=2000 binomial steps, time-conditioned MLP '
+                '(Table 1 row 2, Figure 2)',
+    build=_build, data=_data, config=_CONFIG, small=_SMALL, evaluate=_evaluate, paper=_PAPER,
+    figures=_figures)
 HEARTBEAT_MLP = Experiment(
-    name='heartbeat_mlp', description="Binary heartbeat, T=2000, the paper's MLP 20-50-50-50 (App. D.1.2), tied readouts",
-    build=_build, data=_data, config={**_CONFIG, 'model': 'mlp', 'width': 50, 'lr': 1e-2}, small=_SMALL,
-    evaluate=_evaluate, paper=_PAPER, figures=_figures)
+    name='heartbeat_mlp',
+    description="Binary heartbeat, T=2000, the paper's MLP 20-50-50-50 (App. D.1.2), tied readouts",
+    build=_build, data=_data, config={**_CONFIG, 'model': 'mlp', 'width': 50, 'lr': 1e-2},
+    small=_SMALL, evaluate=_evaluate, paper=_PAPER, figures=_figures)
 
 def trained_model(name: str = 'heartbeat', seed: int = 0, device=None, progress: bool = False):
-    "A trained heartbeat model, 'heartbeat' or 'heartbeat_mlp' (train-or-load; small under DPM_SMALL): (diffusion, reverse)."
+    """A trained heartbeat model, 'heartbeat' or 'heartbeat_mlp' (train-or-load; small under
+    DPM_SMALL): (diffusion, reverse)."""
     exp = {e.name: e for e in (HEARTBEAT, HEARTBEAT_MLP)}[name]
     d, reverse, info, cfg = train_or_load(exp, seed=seed, device=device, progress=progress)
     return d, reverse
@@ -110,33 +123,73 @@ class OptimalReverse(ReverseModel):
 
     def forward(self, xt, t):
         if tuple(xt.shape[1:]) != self.event_shape:
-            raise ValueError(f"expected xt of shape (batch, {self.event_shape[0]}), got {tuple(xt.shape)}")
+            raise ValueError(f"expected xt of shape (batch, {self.event_shape[0]}), "
+                             f"got {tuple(xt.shape)}")
         d, t = self.diffusion, check_steps(t, self.T, xt.shape[0])
         x0s = [phi.expand_as(xt) for phi in self.points.to(xt)]
-        log_w = torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1)        # log q(x_t | phi_k)
-        post = torch.stack([d.posterior(x0, xt, t) for x0 in x0s], 1)                    # q_i(x_t, phi_k)
+        log_w = torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1)  # log q(xt|phi)
+        post = torch.stack([d.posterior(x0, xt, t) for x0 in x0s], 1)              # q_i(x_t, phi_k)
         prob = (torch.softmax(log_w, 1)[..., None] * post).sum(1)
         return prob.clamp(PROB_EPS, 1 - PROB_EPS)
 
 def first_step_bits(d: BinomialDiffusion, m: int = LENGTH // PERIOD, n: int = LENGTH) -> float:
     "E log T_pi(x0 | x1; beta_1) in bits for a sequence with m ones of n bits (eq-hb-first-step)."
-    beta_1, p = float(d.betas[0]), d.p
-    a, b = (1 - p) * beta_1, p * beta_1
-    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
-    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
-    return (m * ones + (n - m) * zeros) / LN2
+    return _tpi_bits(float(d.betas[0]), d.p, m, n)
 
 @torch.no_grad()
 def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
-    "K and the valid fraction of samples of the optimal factorised kernel (eq-hb-oracle): the ceiling at this T."
+    """K and the valid fraction of samples of the optimal factorised kernel (eq-hb-oracle): the
+    ceiling at this T."""
     dev = d.betas.device
     oracle = OptimalReverse(d, heartbeats()).to(dev)
     torch.manual_seed(cfg['seed'] + 2)
     K = evaluate_bound(d, oracle, heartbeats().to(dev).repeat(cfg['eval_reps'], 1), batch_size=1000)
     samples = d.sample(oracle, (cfg['n_draws'], LENGTH), device=dev)
-    return dict(optimal_K_bits=K['K_bits'], optimal_K_bits_se=K['K_bits_se'], first_step_bits=first_step_bits(d),
+    return dict(optimal_K_bits=K['K_bits'], optimal_K_bits_se=K['K_bits_se'],
+                first_step_bits=first_step_bits(d),
                 optimal_gap_bits=-math.log2(PERIOD) - K['K_bits'],
                 optimal_valid_fraction=is_heartbeat(samples.cpu()).float().mean().item())
+
+# %% ../nbs/08_heartbeat.ipynb #899270f7
+def _tpi_bits(beta_1: float, p: float, m: int, n: int) -> float:
+    "E log T_pi(x0 | x1; beta_1) in bits, m ones of n bits (eq-hb-first-step)."
+    a, b = (1 - p) * beta_1, p * beta_1
+    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
+    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
+    return (m * ones + (n - m) * zeros) / LN2
+
+def phase_entropy_bits(beta_1: float, p: float = RATE, period: int = PERIOD,
+                       ones: int = LENGTH // PERIOD) -> float:
+    """H(X0 | X1) in bits for equally likely heartbeats after one binomial step of rate beta_1
+    (eq-hb-phase-entropy), exactly: a sum over the counts of ones in the `period` groups of bits."""
+    if not 0 < beta_1 < 1: raise ValueError(f"beta_1 must lie in (0, 1), got {beta_1}")
+    a, b = (1 - p) * beta_1, p * beta_1                   # P(1 -> 0), P(0 -> 1) in the step
+    counts = torch.tensor(list(itertools.product(range(ones + 1), repeat=period)),
+                          dtype=torch.float64)          # ones per group of bits, (ones+1)^period
+    lgam = lambda v: torch.lgamma(torch.as_tensor(v, dtype=torch.float64) + 1)
+    log_mult = (lgam(ones) - lgam(counts) - lgam(ones - counts)).sum(1)   # x1 per count vector
+    on = counts * math.log1p(-a) + (ones - counts) * math.log(a)          # group of phi_k's ones
+    off = counts * math.log(b) + (ones - counts) * math.log1p(-b)         # the other groups
+    log_q = off.sum(1, keepdim=True) - off + on           # log q(x1 | phi_k), (count vectors, k)
+    ratio = (log_q[:, None, :] - log_q[:, :, None]).exp()                 # [., k, l]: q_l / q_k
+    others = ratio.masked_fill(torch.eye(period, dtype=torch.bool), 0).sum(-1)
+    h = ((log_mult[:, None] + log_q).exp() * torch.log1p(others)).sum() / period   # -log w_k
+    return h.item() / LN2
+
+def ceiling_gap_bits(beta_1: float, p: float = RATE, m: int = LENGTH // PERIOD,
+                     n: int = LENGTH) -> float:
+    "Least gap true - K in bits that the fixed step T_pi(beta_1) allows (eq-hb-ceiling)."
+    return -_tpi_bits(beta_1, p, m, n) - phase_entropy_bits(beta_1, p, PERIOD, m)
+
+def beta_1_for_gap(gap_bits: float, p: float = RATE) -> float:
+    "The largest beta_1 whose ceiling gap (eq-hb-ceiling) is at most `gap_bits`, by bisection."
+    if not gap_bits > 0: raise ValueError(f"gap_bits must be positive, got {gap_bits}")
+    lo, hi = math.log(1e-12), math.log(0.5)               # the gap grows with beta_1
+    if ceiling_gap_bits(math.exp(hi), p) <= gap_bits: return math.exp(hi)
+    for _ in range(100):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if ceiling_gap_bits(math.exp(mid), p) <= gap_bits else (lo, mid)
+    return math.exp(lo)
 
 # %% ../nbs/08_heartbeat.ipynb #3f819fef
 def align(x) -> torch.Tensor:
@@ -155,3 +208,19 @@ def plot_figure2(train_x, samples, n: int = 30):
     axes[0].set_ylabel('sequence')
     fig.tight_layout()
     return fig
+
+# %% ../nbs/08_heartbeat.ipynb #65f181c3
+def draw_reverse_bits(ax, traj, t: int, n: int = 30):
+    """Draw the bits $x^{(t)}$ of reverse trajectories `traj` (batch, T+1, length; index t, as
+    `sample(..., return_trajectory=True)` returns them) at step t, one row per trajectory."""
+    if traj.ndim != 3:
+        raise ValueError(f"traj must be (batch, T+1, length), got {tuple(traj.shape)}")
+    T = traj.shape[1] - 1
+    if isinstance(t, bool) or int(t) != t or not 0 <= t <= T:
+        raise ValueError(f"t must be an integer in 0..{T}, got {t!r}")
+    x = traj[:n, int(t)].cpu()
+    ax.clear()
+    ax.imshow(x.numpy(), cmap='gray_r', vmin=0, vmax=1, interpolation='nearest', aspect='auto')
+    valid = is_heartbeat(x, x.shape[1]).float().mean().item()
+    ax.set(title=f'$x^{{({int(t)})}}$: {valid:.0%} heartbeats', xlabel='bin', ylabel='trajectory')
+    return x

@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['r_weights', 'Observation', 'GaussianObservation', 'Mask', 'BitProbabilities', 'LogDensity', 'sample_posterior',
-           'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior', 'h_transform_sample']
+           'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior', 'h_transform_sample', 'parse_bits',
+           'draw_bit_posterior', 'draw_2d_posterior']
 
 # %% ../nbs/09_posterior.ipynb #57a28e35
 import math
@@ -13,15 +14,19 @@ from .bound import reverse_step, _draw
 
 # %% ../nbs/09_posterior.ipynb #f2b2abdd
 def r_weights(schedule, T: int, device=None) -> torch.Tensor:
-    "Exponents $w_s$, s = 0..T, of $r_s = r^{w_s}$: 'constant' (all 1) or 'annealed' ($(T-s)/T$) (eq-post-schedules)."
+    "Exponents $w_s$, s = 0..T, of $r_s = r^{w_s}$: 'constant' or 'annealed' (eq-post-schedules)."
     s = torch.arange(T + 1, dtype=torch.float64, device=device)
     if isinstance(schedule, str):
-        if schedule == 'constant': return torch.ones_like(s)
-        if schedule == 'annealed': return (T - s) / T
-        raise ValueError(f"schedule must be 'constant', 'annealed' or a tensor of T+1 weights, got {schedule!r}")
+        if schedule == 'constant': return torch.ones_like(s)               # w_s = 1
+        if schedule == 'annealed': return (T - s) / T                      # w_s = (T - s) / T
+        raise ValueError("schedule must be 'constant', 'annealed' or a tensor of T+1 weights, "
+                         f"got {schedule!r}")
     w = torch.as_tensor(schedule, dtype=torch.float64, device=device)
-    if w.shape != (T + 1,): raise ValueError(f"a schedule tensor needs T+1 = {T + 1} weights (s = 0..T), got shape {tuple(w.shape)}")
-    if not torch.isfinite(w).all() or (w < 0).any() or (w > 1).any(): raise ValueError("schedule weights must lie in [0, 1]")
+    if w.shape != (T + 1,):
+        raise ValueError(f"a schedule tensor needs T+1 = {T + 1} weights (s = 0..T), "
+                         f"got shape {tuple(w.shape)}")
+    if not torch.isfinite(w).all() or (w < 0).any() or (w > 1).any():
+        raise ValueError("schedule weights must lie in [0, 1]")
     return w
 
 # %% ../nbs/09_posterior.ipynb #008763c3
@@ -36,41 +41,51 @@ def _check_mask(mask, y):
     if mask.dtype != torch.bool:
         if ((mask != 0) & (mask != 1)).any(): raise ValueError("mask must be boolean or 0/1")
         mask = mask.bool()
-    if mask.shape != y.shape: raise ValueError(f"mask has shape {tuple(mask.shape)} but the observation has shape {tuple(y.shape)}")
+    if mask.shape != y.shape:
+        raise ValueError(f"mask has shape {tuple(mask.shape)} "
+                         f"but the observation has shape {tuple(y.shape)}")
     return mask
 
 class Observation:
-    "A factor $r(x)$ multiplied into the model; `perturb` multiplies $r^w$ into one kernel's parameters."
+    "A factor $r(x)$ multiplied into the model; `perturb` multiplies $r^w$ into one kernel."
     def __init__(self, y, mask=None):
         y = _as_tensor(y, 'the observation', allow_nan=mask is not None)
         self.mask = None if mask is None else _check_mask(mask, y)
-        y = y if self.mask is None else torch.where(self.mask, y, torch.zeros_like(y))   # unobserved entries are ignored (NaN allowed)
-        if torch.isnan(y).any(): raise ValueError("the observation contains NaN at observed entries")
+        if self.mask is not None:                    # unobserved entries are ignored (NaN allowed)
+            y = torch.where(self.mask, y, torch.zeros_like(y))
+        if torch.isnan(y).any():
+            raise ValueError("the observation contains NaN at observed entries")
         if not torch.isfinite(y).all(): raise ValueError("the observation contains inf")
         self.y = y
 
     def check(self, d: Diffusion, like):
         "Validate against a batch `like` of shape (n, ...): y must have shape (n, ...) or (...)."
         if self.y.shape != like.shape and self.y.shape != like.shape[1:]:
-            raise ValueError(f"observation has shape {tuple(self.y.shape)}; expected {tuple(like.shape)} or {tuple(like.shape[1:])}")
+            raise ValueError(f"observation has shape {tuple(self.y.shape)}; "
+                             f"expected {tuple(like.shape)} or {tuple(like.shape[1:])}")
 
     def _on(self, like, v=None):
         "Observation (or `v`) moved to like's device and dtype, broadcast to like's shape."
         v = self.y if v is None else v
-        return v.to(device=like.device, dtype=like.dtype if v.is_floating_point() else v.dtype).expand_as(like)
+        dtype = like.dtype if v.is_floating_point() else v.dtype
+        return v.to(device=like.device, dtype=dtype).expand_as(like)
 
     def _observed(self, like):
-        return torch.ones_like(like, dtype=torch.bool) if self.mask is None else self._on(like, self.mask)
+        if self.mask is None: return torch.ones_like(like, dtype=torch.bool)
+        return self._on(like, self.mask)
 
 # %% ../nbs/09_posterior.ipynb #4abe64b9
 class GaussianObservation(Observation):
-    "$r(x) = N(y; x, \\sigma^2)$ on the observed coordinates (denoising); multiplied exactly (eq-post-gauss-product)."
+    "$r(x) = N(y; x, \\sigma^2)$ on observed coordinates; exact product (eq-post-gauss-product)."
     def __init__(self, y, var, mask=None):
         super().__init__(y, mask)
         var = _as_tensor(var, 'the observation variance')
-        if not torch.isfinite(var).all() or (var <= 0).any(): raise ValueError("the observation variance must be positive and finite")
+        if not torch.isfinite(var).all() or (var <= 0).any():
+            raise ValueError("the observation variance must be positive and finite")
         try: torch.broadcast_shapes(var.shape, self.y.shape)
-        except RuntimeError: raise ValueError(f"observation variance of shape {tuple(var.shape)} does not broadcast to {tuple(self.y.shape)}")
+        except RuntimeError:
+            raise ValueError(f"observation variance of shape {tuple(var.shape)} "
+                             f"does not broadcast to {tuple(self.y.shape)}")
         self.var = var
 
     def log_r(self, x):
@@ -80,23 +95,26 @@ class GaussianObservation(Observation):
         return torch.where(m, terms, torch.zeros_like(terms)).flatten(1).sum(1)
 
     def perturb(self, d, params, w: float):
-        if not isinstance(d, GaussianDiffusion): raise TypeError("a Gaussian observation needs a GaussianDiffusion")
+        if not isinstance(d, GaussianDiffusion):
+            raise TypeError("a Gaussian observation needs a GaussianDiffusion")
         mean, var = params
         if w == 0: return mean, var
-        prec = torch.where(self._observed(mean), w / self._on(mean, self.var.expand_as(self.y)), torch.zeros_like(mean))
-        new_var = var / (1 + var * prec)
+        sigma2 = self._on(mean, self.var.expand_as(self.y))
+        prec = torch.where(self._observed(mean), w / sigma2, torch.zeros_like(mean))   # w / sigma^2
+        new_var = var / (1 + var * prec)                             # (1/Sigma + w/sigma^2)^-1
         return new_var * (mean / var + prec * self._on(mean)), new_var
 
 # %% ../nbs/09_posterior.ipynb #0ace8871
 class Mask(Observation):
-    "$r$ a delta on the coordinates where `mask` is true (inpainting); exact clamp (eq-post-delta); both diffusions."
+    "$r$ a delta where `mask` is true (inpainting): exact clamp (eq-post-delta), both diffusions."
     def __init__(self, y, mask):
         if mask is None: raise ValueError("Mask needs a mask")
         super().__init__(y, mask)
 
     def check(self, d, like):
         super().check(d, like)
-        if isinstance(d, BinomialDiffusion) and ((self.y != 0) & (self.y != 1) & self.mask).any():
+        bits = (self.y == 0) | (self.y == 1)
+        if isinstance(d, BinomialDiffusion) and (~bits & self.mask).any():
             raise ValueError("observed bits must be 0 or 1")
 
     def perturb(self, d, params, w: float):
@@ -109,24 +127,29 @@ class Mask(Observation):
 
 # %% ../nbs/09_posterior.ipynb #62a9ec59
 class BitProbabilities(Observation):
-    "Per-bit $r(x_i = 1) = d_i$ for binomial diffusion; the corrected perturbed kernel (eq-post-binom)."
+    "Per-bit $r(x_i = 1) = d_i$ (binomial diffusion): corrected perturbed kernel (eq-post-binom)."
     def __init__(self, probs):
         super().__init__(probs)
-        if ((self.y < 0) | (self.y > 1)).any(): raise ValueError("bit probabilities must lie in [0, 1]")
+        if ((self.y < 0) | (self.y > 1)).any():
+            raise ValueError("bit probabilities must lie in [0, 1]")
 
     def perturb(self, d, prob, w: float):
-        if not isinstance(d, BinomialDiffusion): raise TypeError("bit probabilities need a BinomialDiffusion")
+        if not isinstance(d, BinomialDiffusion):
+            raise TypeError("bit probabilities need a BinomialDiffusion")
         if w == 0: return prob
         r1 = self._on(prob)
         r1, r0 = r1 ** w, (1 - r1) ** w                         # r^w, per value of the bit
         num, den = prob * r1, prob * r1 + (1 - prob) * r0
-        return torch.where(den > 0, num / den.clamp_min(torch.finfo(den.dtype).tiny), r1 / (r1 + r0))
+        product = num / den.clamp_min(torch.finfo(den.dtype).tiny)    # eq-post-binom
+        return torch.where(den > 0, product, r1 / (r1 + r0))       # opposite certainties: follow r
 
 # %% ../nbs/09_posterior.ipynb #abb5db60
 class LogDensity(Observation):
-    "A differentiable $\\log r(x)$ (per example): Gaussian mean shift (eq-post-mean-shift), binomial flip-rate shift (eq-post-binom-shift)."
+    """A differentiable $\\log r(x)$ (per example): Gaussian mean shift (eq-post-mean-shift),
+    binomial flip-rate shift (eq-post-binom-shift)."""
     def __init__(self, log_r):
-        if not callable(log_r): raise TypeError("log_r must be a callable x -> log r(x) per example")
+        if not callable(log_r):
+            raise TypeError("log_r must be a callable x -> log r(x) per example")
         self.log_r, self.mask = log_r, None
 
     def check(self, d, like): pass
@@ -137,7 +160,8 @@ class LogDensity(Observation):
             m = at.detach().requires_grad_(True)
             lr = self.log_r(m)
             if not isinstance(lr, torch.Tensor) or lr.shape != (at.shape[0],):
-                raise ValueError(f"log_r must return one value per example, shape ({at.shape[0]},), got {getattr(lr, 'shape', type(lr))}")
+                raise ValueError("log_r must return one value per example, shape "
+                                 f"({at.shape[0]},), got {getattr(lr, 'shape', type(lr))}")
             g, = torch.autograd.grad(lr.sum(), m)
         if not torch.isfinite(g).all(): raise ValueError("the gradient of log r is NaN or inf")
         return g
@@ -146,21 +170,34 @@ class LogDensity(Observation):
         if w == 0: return params
         if isinstance(d, BinomialDiffusion):
             c = params
-            d1 = torch.sigmoid(w * self.grad(c))                         # r(x_i = 1) of the linearised log r
+            d1 = torch.sigmoid(w * self.grad(c))               # r(x_i = 1) of the linearised log r
             return c * d1 / (c * d1 + (1 - c) * (1 - d1))
         mean, var = params
-        return mean + w * var * self.grad(mean), var
+        return mean + w * var * self.grad(mean), var              # mu + Sigma grad log r^w
 
 # %% ../nbs/09_posterior.ipynb #8a51f2a3
+def _check_steps(d: Diffusion, reverse):
+    "A reverse model that knows its number of steps must have the diffusion's."
+    T_model = getattr(reverse, 'T', None)
+    if isinstance(T_model, int) and T_model != d.T:
+        raise ValueError(f"the reverse model has {T_model} steps but the diffusion has {d.T}")
+
 @torch.no_grad()
-def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='constant', device=None, dtype=None,
-                     generator=None, return_trajectory: bool = False):
-    "Samples of $\\tilde p(x_0) \\propto p(x_0) r(x_0)$ by the paper's recipe: normalised perturbed kernels (eq-post-kernel-norm)."
+def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='constant', device=None,
+                     dtype=None, generator=None, return_trajectory: bool = False):
+    """Samples of $\\tilde p(x_0) \\propto p(x_0) r(x_0)$ by the paper's recipe: normalised
+    perturbed kernels (eq-post-kernel-norm)."""
     shape = tuple(int(s) for s in shape)
-    if len(shape) < 2 or min(shape) < 1: raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
-    if not isinstance(r, Observation): raise TypeError("r must be a GaussianObservation, Mask, BitProbabilities or LogDensity")
+    if len(shape) < 2 or min(shape) < 1:
+        raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
+    if not isinstance(r, Observation):
+        raise TypeError("r must be a GaussianObservation, Mask, BitProbabilities or LogDensity")
+    dtype = dtype or torch.get_default_dtype()
+    if not dtype.is_floating_point:
+        raise ValueError(f"samples need a floating dtype, got {dtype}")
+    _check_steps(d, reverse)
     device = torch.device(device) if device is not None else d.betas.device
-    like = torch.zeros(shape, device=device, dtype=dtype or torch.get_default_dtype())
+    like = torch.zeros(shape, device=device, dtype=dtype)
     r.check(d, like)
     w = r_weights(schedule, d.T).tolist()
     x = _draw(d, r.perturb(d, d.stationary(like), w[d.T]), generator)       # eq-post-start
@@ -171,56 +208,84 @@ def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='con
         if return_trajectory: trajectory.append(x)
     return torch.stack(trajectory[::-1], 1) if return_trajectory else x
 
+def _float(x):
+    "The dtype samples of observations `x` are drawn in: x's own if floating, else the default."
+    return x.dtype if x.is_floating_point() else torch.get_default_dtype()
+
 def inpaint(d: Diffusion, reverse, x_obs, mask, schedule='constant', generator=None):
-    "Fill in the entries of `x_obs` (batch, ...) where `mask` is false; one posterior sample per row (eq-post-delta)."
-    return sample_posterior(d, reverse, Mask(x_obs, mask), x_obs.shape, schedule, x_obs.device, x_obs.dtype, generator)
+    """Fill in the entries of `x_obs` (batch, ...) where `mask` is false; one posterior sample per
+    row (eq-post-delta). Integer observations (pixels, bits) give floating samples."""
+    x_obs = torch.as_tensor(x_obs)
+    return sample_posterior(d, reverse, Mask(x_obs, mask), x_obs.shape, schedule, x_obs.device,
+                            _float(x_obs), generator)
 
 def denoise(d: Diffusion, reverse, y, noise_var, schedule='constant', generator=None):
-    "One posterior sample per row of `y` (batch, ...) observed with Gaussian noise of variance `noise_var` (eq-post-gauss-product)."
-    return sample_posterior(d, reverse, GaussianObservation(y, noise_var), y.shape, schedule, y.device, y.dtype, generator)
+    """One posterior sample per row of `y` (batch, ...) observed with Gaussian noise of variance
+    `noise_var` (eq-post-gauss-product)."""
+    y = torch.as_tensor(y)
+    return sample_posterior(d, reverse, GaussianObservation(y, noise_var), y.shape, schedule,
+                            y.device, _float(y), generator)
 
 # %% ../nbs/09_posterior.ipynb #de201e92
 Diffusion.sample_posterior = sample_posterior
 
 # %% ../nbs/09_posterior.ipynb #731a0a0a
 class LinearGaussianReverse(nn.Module):
-    "Reverse model $p(x_{t-1}|x_t) = N(A_t x_t, \\mathrm{diag}\\,v_t)$ for vectors (batch, D); rows t = 1..T of A (T+1, D, D), v (T+1, D)."
+    """Reverse model $p(x_{t-1}|x_t) = N(A_t x_t, \\mathrm{diag}\\,v_t)$ for vectors (batch, D);
+    rows t = 1..T of A (T+1, D, D) and v (T+1, D) (row 0 unused)."""
     def __init__(self, A, v):
         super().__init__()
         A, v = torch.as_tensor(A), torch.as_tensor(v)
         if A.ndim != 3 or A.shape[1] != A.shape[2] or v.shape != A.shape[:2]:
-            raise ValueError(f"A must be (T+1, D, D) and v (T+1, D); got {tuple(A.shape)} and {tuple(v.shape)}")
+            raise ValueError(f"A must be (T+1, D, D) and v (T+1, D); "
+                             f"got {tuple(A.shape)} and {tuple(v.shape)}")
         if (v[1:] <= 0).any(): raise ValueError("reverse variances must be positive")
         self.register_buffer('A', A.double()); self.register_buffer('v', v.double())
 
+    @property
+    def T(self) -> int: return self.A.shape[0] - 1
+
+    def check(self, d: GaussianDiffusion):
+        "The model must have exactly the diffusion's number of steps."
+        if d.T != self.T:
+            raise ValueError(f"the reverse model has {self.T} steps but the diffusion has {d.T}")
+
     def forward(self, xt, t):
+        if (t < 1).any() or (t > self.T).any():
+            raise ValueError(f"time steps must lie in 1..{self.T}, got {t.min()}..{t.max()}")
         mean = torch.einsum('bij,bj->bi', self.A[t].to(xt.dtype), xt)
         return mean, self.v[t].to(xt.dtype)
 
     @classmethod
     def for_gaussian_data(cls, d: GaussianDiffusion, Sigma):
-        "Exact reverse means of data $N(0, \\Sigma)$ under d, with the diagonal of the exact reverse covariances."
+        """Exact reverse means of data $N(0, \\Sigma)$ under d, with the diagonal of the exact
+        reverse covariances."""
         Sigma = torch.as_tensor(Sigma, dtype=torch.float64)
-        D, b, ab = Sigma.shape[0], d.betas.detach().double().cpu(), d.alphas_bar().detach().double().cpu()
-        eye = torch.eye(D, dtype=torch.float64)
-        A, v = torch.zeros(d.T + 1, D, D, dtype=torch.float64), torch.ones(d.T + 1, D, dtype=torch.float64)
+        D, eye = Sigma.shape[0], torch.eye(Sigma.shape[0], dtype=torch.float64)
+        beta, alpha_bar = d.betas.detach().double().cpu(), d.alphas_bar().detach().double().cpu()
+        A = torch.zeros(d.T + 1, D, D, dtype=torch.float64)
+        v = torch.ones(d.T + 1, D, dtype=torch.float64)
         for t in range(1, d.T + 1):
-            P_prev = ab[t - 1] * Sigma + (1 - ab[t - 1]) * eye                 # cov of x_{t-1}
-            P_t = (1 - b[t - 1]) * P_prev + b[t - 1] * eye                     # cov of x_t
-            gain = (1 - b[t - 1]).sqrt() * P_prev @ torch.linalg.inv(P_t)
+            P_prev = alpha_bar[t - 1] * Sigma + (1 - alpha_bar[t - 1]) * eye   # cov of x_{t-1}
+            P_t = (1 - beta[t - 1]) * P_prev + beta[t - 1] * eye               # cov of x_t
+            gain = (1 - beta[t - 1]).sqrt() * P_prev @ torch.linalg.inv(P_t)
             A[t] = gain
-            v[t] = torch.diagonal(P_prev - (1 - b[t - 1]).sqrt() * gain @ P_prev)
+            v[t] = torch.diagonal(P_prev - (1 - beta[t - 1]).sqrt() * gain @ P_prev)
         return cls(A, v)
 
     def steps(self, d: GaussianDiffusion):
-        "(A_t, v_t) for t = 1..T exactly as sampled by `reverse_step`: the model for t >= 2, $T_\\pi$ at t = 1 (index 0 unused)."
+        """(A_t, v_t) for t = 1..T exactly as sampled by `reverse_step`: the model for t >= 2,
+        $T_\\pi$ at t = 1 (index 0 unused)."""
+        self.check(d)
         A, v = self.A.clone(), self.v.clone()
         b1 = float(d.betas[0])
-        A[1], v[1] = math.sqrt(1 - b1) * torch.eye(A.shape[1], dtype=A.dtype), torch.full_like(v[1], b1)
+        A[1] = math.sqrt(1 - b1) * torch.eye(A.shape[1], dtype=A.dtype)  # T_pi(x0 | x1; beta_1)
+        v[1] = torch.full_like(v[1], b1)
         return A, v
 
     def marginal_covariances(self, d: GaussianDiffusion):
-        "Covariances $P_t$ of the model's $p(x_t)$, t = 0..T, from $P_T = I$ and $P_{t-1} = A_t P_t A_t^T + \\mathrm{diag}\\,v_t$."
+        """Covariances $P_t$ of the model's $p(x_t)$, t = 0..T, from $P_T = I$ and
+        $P_{t-1} = A_t P_t A_t^T + \\mathrm{diag}\\,v_t$."""
         A, v = self.steps(d)
         P = [torch.eye(A.shape[1], dtype=A.dtype)]
         for t in range(d.T, 0, -1): P.append(A[t] @ P[-1] @ A[t].T + torch.diag(v[t]))
@@ -228,17 +293,22 @@ class LinearGaussianReverse(nn.Module):
 
 # %% ../nbs/09_posterior.ipynb #15f37e4f
 def _linear_observation(r, D):
-    "(H, y, R): observed-coordinate selector, values and noise variances (0 for a Mask) of a 1-D observation."
-    if not isinstance(r, (GaussianObservation, Mask)): raise TypeError("the h-transform supports GaussianObservation and Mask")
+    """(H, y, R): observed-coordinate selector, values and noise variances (0 for a Mask) of one
+    1-D observation."""
+    if not isinstance(r, (GaussianObservation, Mask)):
+        raise TypeError("the h-transform supports GaussianObservation and Mask")
     y = r.y.reshape(-1).double().cpu()
-    if y.shape != (D,): raise ValueError(f"the h-transform needs one observation of shape ({D},), got {tuple(r.y.shape)}")
+    if y.shape != (D,):
+        raise ValueError(f"the h-transform needs one observation of shape ({D},), "
+                         f"got {tuple(r.y.shape)}")
     obs = torch.ones(D, dtype=torch.bool) if r.mask is None else r.mask.reshape(-1).cpu()
-    var = r.var.expand_as(r.y).reshape(-1).double().cpu() if isinstance(r, GaussianObservation) else torch.zeros(D, dtype=torch.float64)
+    if isinstance(r, GaussianObservation): var = r.var.expand_as(r.y).reshape(-1).double().cpu()
+    else: var = torch.zeros(D, dtype=torch.float64)
     H = torch.eye(D, dtype=torch.float64)[obs]
     return H, y[obs], var[obs]
 
 def exact_posterior(d: GaussianDiffusion, model: LinearGaussianReverse, r):
-    "Mean and covariance of $p(x_0) r(x_0) / Z$ for a linear Gaussian model (Gaussian conditioning)."
+    "Mean and covariance of $p(x_0) r(x_0) / Z$, linear Gaussian model (Gaussian conditioning)."
     P0 = model.marginal_covariances(d)[0]
     H, y, R = _linear_observation(r, P0.shape[0])
     S = H @ P0 @ H.T + torch.diag(R)
@@ -247,18 +317,21 @@ def exact_posterior(d: GaussianDiffusion, model: LinearGaussianReverse, r):
 
 # %% ../nbs/09_posterior.ipynb #8ebbc659
 @torch.no_grad()
-def h_transform_sample(d: GaussianDiffusion, model: LinearGaussianReverse, r, n: int, generator=None):
-    "Exact samples of $p(x_0) r(x_0)/Z$ with $r_t(x_t) = p(y | x_t)$, the h-transform (eq-post-h-transform); float64, (n, D)."
+def h_transform_sample(d: GaussianDiffusion, model: LinearGaussianReverse, r, n: int,
+                       generator=None):
+    """Exact samples of $p(x_0) r(x_0)/Z$ with $r_t(x_t) = p(y | x_t)$, the h-transform
+    (eq-post-h-transform); float64, (n, D)."""
     A, v = model.steps(d)
     D, T = A.shape[1], d.T
     H, y, R = _linear_observation(r, D)
-    M, S = [H], [torch.diag(R)]                                  # p(y | x_s) = N(y; M_s x_s, S_s)
+    M, S = [H], [torch.diag(R)]                             # p(y | x_s) = N(y; M_s x_s, S_s)
     for s in range(1, T + 1):
         M.append(M[-1] @ A[s]); S.append(S[-1] + M[-2] @ torch.diag(v[s]) @ M[-2].T)
-    def draw(prior_prec, prior_lin, s):                          # N(mean, prec^-1) from prior times p(y | x_s)
-        if s == 0 and (R == 0).any():                            # a delta at s = 0: clamp (prior is diagonal there)
-            mean = prior_lin / torch.diagonal(prior_prec)
-            x = mean + torch.randn(mean.shape, generator=generator, dtype=mean.dtype) / torch.diagonal(prior_prec).sqrt()
+    def draw(prior_prec, prior_lin, s):                     # prior times p(y | x_s), normalised
+        if s == 0 and (R == 0).any():                       # a delta at s = 0: clamp
+            prec = torch.diagonal(prior_prec)
+            z = torch.randn(prior_lin.shape, generator=generator, dtype=prior_lin.dtype)
+            x = prior_lin / prec + z / prec.sqrt()
             x[:, H.argmax(1)] = y
             return x
         Si = torch.linalg.inv(S[s])
@@ -270,4 +343,43 @@ def h_transform_sample(d: GaussianDiffusion, model: LinearGaussianReverse, r, n:
     x = draw(torch.eye(D, dtype=torch.float64), torch.zeros(n, D, dtype=torch.float64), T)
     for t in range(T, 0, -1):
         x = draw(torch.diag(1 / v[t]), (x @ A[t].T) / v[t], t - 1)
+    return x
+
+# %% ../nbs/09_posterior.ipynb #123c3607
+def parse_bits(observed: str):
+    "Observed bits as text, '0'/'1' observed and '?' free: (values, mask) for a `Mask`."
+    if not isinstance(observed, str) or not observed or set(observed) - set('01?'):
+        raise ValueError(f"observed bits must be a non-empty string of '0', '1' and '?', "
+                         f"got {observed!r}")
+    y = torch.tensor([1.0 if c == '1' else 0.0 for c in observed])
+    return y, torch.tensor([c != '?' for c in observed])
+
+def draw_bit_posterior(ax, d: BinomialDiffusion, reverse, observed: str, n: int = 12,
+                       schedule='constant', seed: int = 0):
+    """Draw n posterior samples of bit sequences given `observed` ('0', '1' or '?' per bit; a
+    `Mask`, eq-post-delta): the observation on top (grey: free), then the samples. Returns them."""
+    if not isinstance(d, BinomialDiffusion):
+        raise TypeError("draw_bit_posterior needs a BinomialDiffusion")
+    y, mask = parse_bits(observed)
+    g = torch.Generator(device=d.betas.device).manual_seed(seed)
+    x = sample_posterior(d, reverse, Mask(y, mask), (n, len(observed)), schedule, generator=g).cpu()
+    top = torch.where(mask, y, torch.full_like(y, 0.5))[None]
+    rows = torch.cat([top, torch.full_like(top, float('nan')), x.float()])
+    ax.clear()
+    ax.imshow(rows.numpy(), cmap='gray_r', vmin=0, vmax=1, interpolation='nearest', aspect='auto')
+    ax.set(title=f'observed {observed}', xlabel='bit', yticks=[0], yticklabels=['r'])
+    return x
+
+def draw_2d_posterior(ax, d: GaussianDiffusion, reverse, r: Observation, n: int = 500,
+                      schedule='constant', seed: int = 0, reference=None, lim: float = 2.4):
+    """Draw n posterior samples of a 2-D model given the factor `r` (sample_posterior), over
+    optional reference points (grey). Returns the samples."""
+    if not isinstance(d, GaussianDiffusion):
+        raise TypeError("draw_2d_posterior needs a GaussianDiffusion")
+    g = torch.Generator(device=d.betas.device).manual_seed(seed)
+    x = sample_posterior(d, reverse, r, (n, 2), schedule, generator=g).cpu()
+    ax.clear()
+    if reference is not None: ax.scatter(*reference.cpu().T, s=1, color='0.8', label='reference')
+    ax.scatter(*x.T, s=2, color='C1', label='posterior samples')
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect='equal')
     return x

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['U_MIN', 'U_MAX', 'NOISE', 'SWISS_ROLL', 'SWISS_ROLL_RBF', 'SWISS_ROLL_THIN', 'roll_curve', 'roll_moments',
            'sample_swiss_roll', 'true_log_likelihood', 'geometric_schedule', 'default_beta_1', 'trained_model',
-           'plot_figure1']
+           'plot_figure1', 'draw_reverse_step']
 
 # %% ../nbs/07_swiss_roll.ipynb #b2c67ca0
 import math, time
@@ -48,7 +48,8 @@ def true_log_likelihood(x, noise: float = NOISE, m: int = 40_000, batch: int = 5
     return torch.cat(out)
 
 # %% ../nbs/07_swiss_roll.ipynb #da384f54
-def geometric_schedule(T: int, beta_1: float, learn: bool = True, n_bumps: int = 10) -> GaussianSchedule:
+def geometric_schedule(T: int, beta_1: float, learn: bool = True,
+                       n_bumps: int = 10) -> GaussianSchedule:
     "Learnable schedule (eq-gauss-schedule) around the geometric baseline eq-sr-schedule."
     sched = GaussianSchedule(T, beta_1=beta_1, n_bumps=n_bumps, learn=learn)
     v = torch.exp(torch.linspace(math.log(beta_1), math.log(1 - 1e-4), T, dtype=torch.float64))
@@ -62,22 +63,28 @@ def default_beta_1(noise: float) -> float:
     return (noise / roll_moments(noise)[1].item()) ** 2 / 20
 
 def _build(cfg):
-    d = GaussianDiffusion(geometric_schedule(cfg['T'], default_beta_1(cfg['noise']), cfg['learn_schedule']))
+    beta_1 = default_beta_1(cfg['noise'])
+    d = GaussianDiffusion(geometric_schedule(cfg['T'], beta_1, cfg['learn_schedule']))
     if cfg['model'] == 'rbf': return d, RBFReverse(d, 2, cfg['units'])
-    if cfg['model'] == 'mlp': return d, MLPReverse(d, 2, cfg['width'], cfg['depth'], readout=cfg['readout'],
-                                                   n_bumps=cfg['n_bumps'], x_features=cfg['x_features'], x_scale=cfg['x_scale'])
+    if cfg['model'] == 'mlp':
+        return d, MLPReverse(d, 2, cfg['width'], cfg['depth'], readout=cfg['readout'],
+                             n_bumps=cfg['n_bumps'], x_features=cfg['x_features'],
+                             x_scale=cfg['x_scale'])
     raise ValueError(f"model must be 'rbf' or 'mlp', got {cfg['model']!r}")
 
 def _data(cfg, seed):
     g = torch.Generator().manual_seed(20_000 + seed)
-    return sample_swiss_roll(cfg['n_train'], cfg['noise'], g), sample_swiss_roll(cfg['n_heldout'], cfg['noise'], g)
+    train = sample_swiss_roll(cfg['n_train'], cfg['noise'], g)
+    return train, sample_swiss_roll(cfg['n_heldout'], cfg['noise'], g)
 
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    "Table 1 numbers on held-out data: K, K - L_null, the true log-likelihood (eq-sr-true), the paired gap, IS estimate."
+    """Table 1 numbers on held-out data: K, K - L_null, the true log-likelihood (eq-sr-true), the
+    paired gap, the importance-sampled estimate."""
     torch.manual_seed(cfg['seed'] + 1)
     x = heldout.to(d.betas.device)
-    ks = torch.cat([d.bound(reverse, xb, n_samples=cfg['bound_samples']) for xb in x.split(1000)]).double().cpu()
+    ks = torch.cat([d.bound(reverse, xb, n_samples=cfg['bound_samples'])
+                    for xb in x.split(1000)]).double().cpu()
     true = true_log_likelihood(heldout, cfg['noise'])
     n_is = min(len(x), 1000)
     t0 = time.perf_counter()
@@ -87,33 +94,42 @@ def _evaluate(d, reverse, cfg, heldout):
     se = lambda v: v.std().item() / math.sqrt(len(v))
     l_null = d.l_null((2,)) / LN2
     K = ks.mean().item() / LN2
-    return dict(K_bits=K, K_bits_se=se(ks) / LN2, L_null_bits=l_null, K_minus_L_null_bits=K - l_null,
-                true_ll_bits=true.mean().item() / LN2, gap_bits=gap.mean().item() / LN2, gap_bits_se=se(gap) / LN2,
-                is_ll_bits=ll_is.mean().item() / LN2, is_gap_bits=(true[:n_is] - ll_is).mean().item() / LN2,
-                is_gap_bits_se=se(true[:n_is] - ll_is) / LN2, is_samples=cfg['is_samples'], is_seconds=t_is,
+    is_gap = true[:n_is] - ll_is
+    return dict(K_bits=K, K_bits_se=se(ks) / LN2, L_null_bits=l_null,
+                K_minus_L_null_bits=K - l_null,
+                true_ll_bits=true.mean().item() / LN2, gap_bits=gap.mean().item() / LN2,
+                gap_bits_se=se(gap) / LN2, is_ll_bits=ll_is.mean().item() / LN2,
+                is_gap_bits=is_gap.mean().item() / LN2, is_gap_bits_se=se(is_gap) / LN2,
+                is_samples=cfg['is_samples'], is_seconds=t_is,
                 noise=cfg['noise'], n_heldout=len(x))
 
-_CONFIG = dict(noise=NOISE, T=40, learn_schedule=True, model='mlp', units=16, width=128, depth=3, readout='bumps',
-               n_bumps=10, x_features=0, x_scale=8.0, n_train=200_000, n_heldout=10_000, steps=14_000,
-               batch_size=1024, lr=3e-3, lr_final=0.02, optimizer='adam', ema=0.999, eval_every=2000, eval_size=2000,
-               checkpoint_every=1000, stratified=True, grad_clip=None, is_samples=100, bound_samples=4)
-_SMALL = dict(steps=250, batch_size=512, n_train=5000, n_heldout=500, eval_every=125, eval_size=250, is_samples=10,
-              bound_samples=1, ema=0.9)
+_CONFIG = dict(noise=NOISE, T=40, learn_schedule=True, model='mlp', units=16, width=128, depth=3,
+               readout='bumps', n_bumps=10, x_features=0, x_scale=8.0, n_train=200_000,
+               n_heldout=10_000, steps=14_000, batch_size=1024, lr=3e-3, lr_final=0.02,
+               optimizer='adam', ema=0.999, eval_every=2000, eval_size=2000, checkpoint_every=1000,
+               stratified=True, grad_clip=None, is_samples=100, bound_samples=4)
+_SMALL = dict(steps=250, batch_size=512, n_train=5000, n_heldout=500, eval_every=125, eval_size=250,
+              is_samples=10, bound_samples=1, ema=0.9)
 _PAPER = dict(K_bits=2.35, K_minus_L_null_bits=6.45)
 
-def _figures(d, reverse, cfg, heldout): return {'figure1': plot_figure1(d, reverse, heldout, seed=cfg['seed'])}
+def _figures(d, reverse, cfg, heldout):
+    return {'figure1': plot_figure1(d, reverse, heldout, seed=cfg['seed'])}
 
-SWISS_ROLL = Experiment('swiss_roll', 'Swiss roll, default noise 0.3, stronger MLP model (Table 1 row 1)',
+SWISS_ROLL = Experiment('swiss_roll',
+                        'Swiss roll, default noise 0.3, stronger MLP model (Table 1 row 1)',
                         _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER, _figures)
-SWISS_ROLL_RBF = Experiment('swiss_roll_rbf', "Swiss roll, default noise 0.3, the paper's 16-unit RBF network",
-                            _build, _data, {**_CONFIG, 'model': 'rbf', 'lr': 1e-2}, _SMALL, _evaluate, _PAPER, _figures)
-SWISS_ROLL_THIN = Experiment('swiss_roll_thin', 'Thin swiss roll (noise 0.01, true log-likelihood above 2.35 bits), '
+SWISS_ROLL_RBF = Experiment('swiss_roll_rbf',
+                            "Swiss roll, default noise 0.3, the paper's 16-unit RBF network",
+                            _build, _data, {**_CONFIG, 'model': 'rbf', 'lr': 1e-2}, _SMALL,
+                            _evaluate, _PAPER, _figures)
+SWISS_ROLL_THIN = Experiment('swiss_roll_thin',
+                             'Thin swiss roll (noise 0.01, true log-likelihood above 2.35 bits), '
                              'MLP with Fourier features', _build, _data,
-                             {**_CONFIG, 'noise': 0.01, 'x_features': 64, 'steps': 48_000}, _SMALL, _evaluate, _PAPER,
-                             _figures)
+                             {**_CONFIG, 'noise': 0.01, 'x_features': 64, 'steps': 48_000}, _SMALL,
+                             _evaluate, _PAPER, _figures)
 
 def trained_model(name: str = 'swiss_roll', seed: int = 0, device=None, progress: bool = False):
-    "A trained swiss-roll model (train-or-load; small under DPM_SMALL): returns (diffusion, reverse)."
+    "A trained swiss-roll model (train-or-load; small under DPM_SMALL): (diffusion, reverse)."
     exp = {e.name: e for e in (SWISS_ROLL, SWISS_ROLL_RBF, SWISS_ROLL_THIN)}[name]
     d, reverse, info, cfg = train_or_load(exp, seed=seed, device=device, progress=progress)
     return d, reverse
@@ -121,26 +137,50 @@ def trained_model(name: str = 'swiss_roll', seed: int = 0, device=None, progress
 # %% ../nbs/07_swiss_roll.ipynb #82b892d1
 @torch.no_grad()
 def plot_figure1(d, reverse, x0, n: int = 2000, grid: int = 17, seed: int = 0):
-    "Figure 1: forward slices, reverse slices and the drift f_mu(x, t) - x at t = 0 (2 for the drift), T/2, T."
+    """Figure 1: forward slices, reverse slices and the drift f_mu(x, t) - x at t = 0 (2 for the
+    drift), T/2, T."""
     import matplotlib.pyplot as plt
     T, dev = d.T, d.betas.device
     torch.manual_seed(seed)
     x0 = x0[:n].to(dev)
     times = [0, T // 2, T]
     fwd = [x0] + [d.q_sample(x0, torch.full((len(x0),), t, device=dev)) for t in times[1:]]
-    traj = d.sample(reverse, (n, 2), device=dev, return_trajectory=True)          # (n, T+1, 2), index t
+    traj = d.sample(reverse, (n, 2), device=dev, return_trajectory=True)   # (n, T+1, 2), index t
     fig, axes = plt.subplots(3, 3, figsize=(9, 9), sharex=True, sharey=True)
     g = torch.linspace(-2.2, 2.2, grid, device=dev)
     mesh = torch.stack(torch.meshgrid(g, g, indexing='xy'), -1).reshape(-1, 2)
     for j, t in enumerate(times):
         axes[0, j].scatter(*fwd[j].cpu().T, s=1); axes[0, j].set_title(f'$q(x^{{({t})}})$')
-        axes[1, j].scatter(*traj[:, t].cpu().T, s=1, color='C1'); axes[1, j].set_title(f'$p(x^{{({t})}})$')
+        axes[1, j].scatter(*traj[:, t].cpu().T, s=1, color='C1')
+        axes[1, j].set_title(f'$p(x^{{({t})}})$')
         td = max(t, 2)
         mean, _ = reverse(mesh, torch.full((len(mesh),), td, device=dev))
         drift = (mean - mesh).cpu()
         axes[2, j].scatter(*traj[:, td - 1].cpu().T, s=1, color='C1', alpha=0.3)
-        axes[2, j].quiver(*mesh.cpu().T, *drift.T, angles='xy', scale_units='xy', scale=None, width=0.004)
+        axes[2, j].quiver(*mesh.cpu().T, *drift.T, angles='xy', scale_units='xy', scale=None,
+                          width=0.004)
         axes[2, j].set_title(f'$f_\\mu(x, {td}) - x$')
     for ax in axes.flat: ax.set_xlim(-2.4, 2.4); ax.set_ylim(-2.4, 2.4); ax.set_aspect('equal')
     fig.tight_layout()
     return fig
+
+# %% ../nbs/07_swiss_roll.ipynb #5384c103
+@torch.no_grad()
+def draw_reverse_step(ax, d, reverse, traj, t: int, grid: int = 15, lim: float = 2.4):
+    """Draw reverse samples $x^{(t)}$ of `traj` (batch, T+1, 2; index t, as `sample(...,
+    return_trajectory=True)` returns them) and, for t >= 2, the drift f_mu(x, t) - x of step t."""
+    if traj.ndim != 3 or traj.shape[-1] != 2 or traj.shape[1] != d.T + 1:
+        raise ValueError(f"traj must be (batch, {d.T + 1}, 2), got {tuple(traj.shape)}")
+    if isinstance(t, bool) or int(t) != t or not 0 <= t <= d.T:
+        raise ValueError(f"t must be an integer in 0..{d.T}, got {t!r}")
+    t, dev = int(t), d.betas.device
+    ax.clear()
+    ax.scatter(*traj[:, t].cpu().T, s=1, color='C1')
+    if t >= 2:
+        g = torch.linspace(-lim + 0.2, lim - 0.2, grid, device=dev)
+        mesh = torch.stack(torch.meshgrid(g, g, indexing='xy'), -1).reshape(-1, 2)
+        mean, _ = reverse(mesh, torch.full((len(mesh),), t, device=dev))
+        drift = (mean - mesh).cpu()
+        ax.quiver(*mesh.cpu().T, *drift.T, angles='xy', scale_units='xy', scale=None, width=0.004)
+    ax.set(xlim=(-lim, lim), ylim=(-lim, lim), aspect='equal', title=f'$p(x^{{({t})}})$')
+    return traj[:, t]

@@ -110,3 +110,64 @@ def test_binomial_log_density_linear_is_factorised():
     assert torch.allclose(lin.perturb(d, c, 1.0), BitProbabilities(p1).perturb(d, c, 1.0))
     x = sample_posterior(d, t_pi(d), lin, (50, 6), dtype=torch.float64)
     assert ((x == 0) | (x == 1)).all()
+
+
+@pytest.mark.parametrize('int_dtype', [torch.long, torch.int32, torch.uint8])
+def test_inpaint_and_denoise_accept_integer_observations(int_dtype):
+    """Integer pixels/bits (issue 11): float samples, or a clear error, never NotImplementedError "normal_kernel_cpu"."""
+    gd = GaussianDiffusion(GaussianSchedule(5, learn=False))
+    y = torch.tensor([[1, 2, 3], [0, 1, 0]], dtype=int_dtype)
+    mask = torch.tensor([[True, False, True], [False, False, True]])
+    x = inpaint(gd, t_pi(gd), y, mask)
+    assert x.is_floating_point() and x.shape == y.shape and torch.equal(x[mask], y[mask].to(x.dtype))
+    assert denoise(gd, t_pi(gd), y, 0.1).is_floating_point()
+    bd = BinomialDiffusion(binomial_schedule(5), p=0.2)
+    bits = torch.tensor([[1, 0, 1, 1]], dtype=int_dtype)
+    xb = inpaint(bd, t_pi(bd), bits, torch.tensor([[True, True, False, False]]))
+    assert xb.is_floating_point() and torch.equal(xb[0, :2], torch.tensor([1.0, 0.0]))
+    with pytest.raises(ValueError, match='floating'):
+        sample_posterior(gd, t_pi(gd), Mask(y[0], mask[0]), (2, 3), dtype=torch.long)
+
+
+def test_linear_gaussian_reverse_refuses_a_diffusion_of_another_length():
+    """A model built for T steps used with a diffusion of another length is refused (issue 11), not truncated."""
+    Sigma = torch.tensor([[1.0, 0.5], [0.5, 1.0]])
+    model = LinearGaussianReverse.for_gaussian_data(GaussianDiffusion(GaussianSchedule(20, learn=False)), Sigma)
+    short = GaussianDiffusion(GaussianSchedule(10, learn=False))
+    r = GaussianObservation(torch.tensor([1.0, 0.0]), 0.1, torch.tensor([True, False]))
+    for call in (lambda: model.steps(short), lambda: model.marginal_covariances(short),
+                 lambda: exact_posterior(short, model, r), lambda: h_transform_sample(short, model, r, 5),
+                 lambda: sample_posterior(short, model, r, (4, 2))):
+        with pytest.raises(ValueError, match='20 steps.*10'):
+            call()
+    long = GaussianDiffusion(GaussianSchedule(30, learn=False))
+    with pytest.raises(ValueError, match='20 steps.*30'):
+        sample_posterior(long, model, r, (4, 2))
+
+
+def test_interactive_posterior_frames():
+    """The frame functions of chapter 09's widgets/animations: they draw, follow the observation, refuse
+    bad input."""
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    from dpm.posterior import draw_2d_posterior, draw_bit_posterior, parse_bits
+    y, mask = parse_bits('01??')
+    assert y.tolist() == [0.0, 1.0, 0.0, 0.0] and mask.tolist() == [True, True, False, False]
+    for bad in ('', '01x', None, 5):
+        with pytest.raises(ValueError, match="'0', '1' and '\\?'"): parse_bits(bad)
+    bd = BinomialDiffusion(binomial_schedule(10), p=0.2)
+    gd = GaussianDiffusion(GaussianSchedule(10, learn=False))
+    fig, ax = plt.subplots()
+    try:
+        a = draw_bit_posterior(ax, bd, t_pi(bd), '1?0?', 6)
+        b = draw_bit_posterior(ax, bd, t_pi(bd), '0?1?', 6)
+        assert len(ax.images) == 1 and (a[:, 0] == 1).all() and (b[:, 0] == 0).all() and (a[:, 2] == 0).all()
+        with pytest.raises(TypeError, match='BinomialDiffusion'): draw_bit_posterior(ax, gd, t_pi(gd), '01')
+        obs = lambda v: GaussianObservation(torch.tensor([v, 0.0]), 0.01, torch.tensor([True, False]))
+        xa, xb = draw_2d_posterior(ax, gd, t_pi(gd), obs(-1.0), 100), draw_2d_posterior(ax, gd, t_pi(gd), obs(1.0), 100)
+        assert xa.shape == (100, 2) and xa[:, 0].mean() < 0 < xb[:, 0].mean() and len(ax.collections) == 1
+        with pytest.raises(TypeError, match='GaussianDiffusion'):
+            draw_2d_posterior(ax, bd, t_pi(bd), Mask(torch.zeros(2), torch.ones(2, dtype=torch.bool)))
+    finally:
+        plt.close(fig)

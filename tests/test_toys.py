@@ -60,3 +60,69 @@ def test_stale_stored_model_is_retrained_not_a_crash(tmp_path, monkeypatch):
     del ck['config']['readout']                                                     # as written before bump readouts
     atomic_save(ck, tmp_path / 'old.pt')
     with pytest.raises(CheckpointError, match='cannot build'): load_model(SWISS_ROLL, tmp_path / 'old.pt', cfg)
+
+
+def _axes():
+    import matplotlib
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+    return plt.subplots()
+
+
+def test_draw_reverse_step_scrubs_the_swiss_roll_trajectory():
+    """The frame function of chapter 07's slider/animation: draws, changes with t, refuses bad t."""
+    from dpm.swiss_roll import draw_reverse_step
+    d = GaussianDiffusion(geometric_schedule(10, 1e-3))
+    reverse = MLPReverse(d)
+    torch.manual_seed(0)
+    traj = d.sample(reverse, (50, 2), return_trajectory=True)
+    fig, ax = _axes()
+    try:
+        assert torch.equal(draw_reverse_step(ax, d, reverse, traj, 10), traj[:, 10])
+        assert len(ax.collections) == 2                               # samples and drift arrows
+        first = ax.collections[0].get_offsets().copy()
+        draw_reverse_step(ax, d, reverse, traj, 0)
+        assert len(ax.collections) == 1 and not (first == ax.collections[0].get_offsets()).all()
+        for bad in (-1, 11, 1.5, True):
+            with pytest.raises(ValueError, match='t must be'): draw_reverse_step(ax, d, reverse, traj, bad)
+        with pytest.raises(ValueError, match='traj must be'): draw_reverse_step(ax, d, reverse, traj[:, :5], 2)
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+
+
+def test_draw_reverse_bits_scrubs_the_heartbeat_trajectory():
+    """The frame function of chapter 08's slider/animation: draws, changes with t, refuses bad t."""
+    from dpm.heartbeat import draw_reverse_bits
+    d = diffusion(10)
+    torch.manual_seed(0)
+    traj = d.sample(HeartbeatReverse(d), (30, 20), return_trajectory=True)
+    fig, ax = _axes()
+    try:
+        x10, x0 = draw_reverse_bits(ax, traj, 10), draw_reverse_bits(ax, traj, 0)
+        assert len(ax.images) == 1 and not torch.equal(x10, x0)
+        assert ax.images[0].get_array().shape == (30, 20)
+        for bad in (-1, 11, 0.5, False):
+            with pytest.raises(ValueError, match='t must be'): draw_reverse_bits(ax, traj, bad)
+        with pytest.raises(ValueError, match='traj must be'): draw_reverse_bits(ax, traj[0], 0)
+    finally:
+        import matplotlib.pyplot as plt
+        plt.close(fig)
+
+
+def test_heartbeat_phase_entropy_and_ceiling():
+    """eq-hb-phase-entropy against brute force on short heartbeats; the 0.03-bit beta_1 is consistent."""
+    import itertools
+    from dpm.heartbeat import phase_entropy_bits, ceiling_gap_bits, beta_1_for_gap
+    b1, p = 0.1, 0.2
+    seqs = heartbeats(10).double()
+    x1 = torch.tensor(list(itertools.product([0.0, 1.0], repeat=10)), dtype=torch.float64)
+    p_one = seqs * (1 - (1 - p) * b1) + (1 - seqs) * p * b1
+    q = (x1 @ p_one.log().T + (1 - x1) @ (1 - p_one).log().T).exp()
+    h = -(q / 5 * (q / q.sum(1, keepdim=True)).log()).sum().item() / math.log(2)
+    assert abs(h - phase_entropy_bits(b1, p, 5, 2)) < 1e-12
+    assert 0 < phase_entropy_bits(1 / 2000) < 1e-11                  # about 7e-13 bits at the paper's beta_1
+    b = beta_1_for_gap(0.03)
+    assert abs(ceiling_gap_bits(b) - 0.03) < 1e-9 and ceiling_gap_bits(1 / 2000) > 0.03
+    with pytest.raises(ValueError): phase_entropy_bits(0.0)
+    with pytest.raises(ValueError): beta_1_for_gap(-1)

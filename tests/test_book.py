@@ -1,0 +1,170 @@
+"""Checks over the built book (`_build/html`, written by `tools/book.sh` or `tools/test.sh`) and over
+the exported code: every chapter rendered, with at least the figures its notebook declares.
+
+A chapter declares, generically from its source (so new chapters are covered automatically):
+- one static image for every shown code cell whose last statement is `plt.show()`, for every shown
+  `glue(name, fig...)` call that displays (not `display=False`), and for every `{glue:figure}`
+  directive in its markdown;
+- one animation for every shown code cell that calls `.to_jshtml(`.
+Cells removed from the book (`#| hide`, `#| output: false`, `#| eval: false`) declare nothing.
+
+The book is built by tools/test.sh before pytest runs (DPM_BOOK_REQUIRED=1 there: a missing build
+fails). Run alone without a build, the HTML checks are skipped with a message saying so.
+"""
+import ast
+import html.parser
+import importlib.util
+import json
+import os
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+HTML = ROOT / '_build' / 'html'
+spec = importlib.util.spec_from_file_location('nbdev_directives', ROOT / 'tools' / 'nbdev_directives.py')
+nbdev_directives = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(nbdev_directives)
+
+NOT_SHOWN = {'remove-cell', 'remove-output', 'skip-execution'}
+# matplotlib's warning when plt.show() runs under a non-interactive backend (MPLBACKEND=Agg)
+AGG_WARNING = 'is non-interactive, and thus cannot be shown'
+
+
+def chapters():
+    """Notebooks the table of contents lists (`root:` and `- file:`), in reading order."""
+    toc = (ROOT / '_toc.yml').read_text()
+    return [ROOT / f'{m}.ipynb' for m in re.findall(r'(?:root|file):\s*(nbs/\S+)', toc)
+            if (ROOT / f'{m}.ipynb').exists()]
+
+
+def _code(source):
+    """The code of a cell without comments and blank lines, as a list of lines."""
+    lines = [l.split('#', 1)[0].rstrip() if not l.lstrip().startswith(('"', "'")) else l.rstrip()
+             for l in source.splitlines()]
+    return [l for l in lines if l.strip()]
+
+
+def declared(nb_path):
+    """(static images, animations) the notebook's source promises to show in the book."""
+    nb = json.loads(Path(nb_path).read_text())
+    images = animations = 0
+    for cell in nb['cells']:
+        source = ''.join(cell['source'])
+        if cell['cell_type'] == 'markdown':
+            images += len(re.findall(r'\{glue:figure\}', source))
+            continue
+        if cell['cell_type'] != 'code': continue
+        c = nbdev_directives.translate(json.loads(json.dumps(cell)))
+        if NOT_SHOWN & set(c.get('metadata', {}).get('tags', [])): continue
+        text = ''.join(c['source'])              # translate() leaves a cell without directives as is
+        code = _code(text)
+        if not code: continue
+        if re.search(r'(^|[;\s])plt\.show\(\)\s*;?$', code[-1]): images += 1
+        for call in re.findall(r'glue\(\s*[\'"][^\'"]+[\'"]\s*,\s*fig\w*[^)]*\)', text):
+            if not re.search(r'display\s*=\s*False', call): images += 1
+        animations += text.count('.to_jshtml(')
+    return images, animations
+
+
+class _Images(html.parser.HTMLParser):
+    """Counts static images (PNG/SVG/JPEG files or data URIs) and matplotlib JS animations."""
+    def __init__(self):
+        super().__init__()
+        self.images, self.animations = 0, 0
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == 'img':
+            if (a.get('id') or '').startswith('_anim_img'): return  # the animation's own frame slot
+            src = a.get('src') or ''
+            if src.startswith('data:image/') or src.lower().endswith(('.png', '.svg', '.jpg', '.jpeg')):
+                self.images += 1
+        elif tag == 'div' and 'animation' in (a.get('class') or '').split():
+            self.animations += 1
+
+
+def rendered(html_path):
+    """(static images, animations, frames per animation) in one built page."""
+    text = Path(html_path).read_text(encoding='utf-8')
+    p = _Images(); p.feed(text)
+    # to_jshtml writes each animation's frames as `frames[i] = "data:image/png;base64,..."`
+    frames = [len(re.findall(r'frames\[\d+\]\s*=\s*"data:image/', script))
+              for script in re.split(r'var img_id = ', text)[1:]]
+    return p.images, p.animations, frames
+
+
+def _page(nb):
+    page = HTML / nb.parent.name / f'{nb.stem}.html'
+    if not page.exists():
+        if not HTML.exists() and not os.environ.get('DPM_BOOK_REQUIRED'):
+            pytest.skip('no built book in _build/html: run tools/book.sh or tools/test.sh first')
+        pytest.fail(f'{page.relative_to(ROOT)} was not built (did the book build fail?)')
+    return page
+
+
+@pytest.mark.parametrize('nb', chapters(), ids=lambda p: p.stem)
+def test_chapter_renders_its_figures(nb):
+    page = _page(nb)
+    want_images, want_animations = declared(nb)
+    images, animations, frames = rendered(page)
+    text = page.read_text(encoding='utf-8')
+    assert AGG_WARNING not in text, (
+        f'{page.name}: plt.show() ran under a non-interactive backend (MPLBACKEND=Agg inherited by '
+        'the kernel?): the figures are missing')
+    assert images >= want_images, (
+        f'{page.name}: {images} image(s) rendered, but {nb.name} declares {want_images} '
+        '(cells ending in plt.show(), displayed glue(..., fig), {glue:figure})')
+    assert animations >= want_animations, (
+        f'{page.name}: {animations} animation(s) rendered, {nb.name} declares {want_animations}')
+    assert all(n >= 2 for n in frames), f'{page.name}: an animation has fewer than 2 frames: {frames}'
+
+
+def test_declared_counts_what_a_chapter_shows(tmp_path):
+    """The declaration counter itself: shown figures count, hidden cells and non-final show() don't."""
+    def code(src):                           # nbformat stores sources as lists of lines
+        return {'cell_type': 'code', 'metadata': {}, 'source': src.splitlines(True), 'outputs': []}
+    cells = [code('plt.plot(x)\nplt.show()'), code('fig, ax = plt.subplots()\nplt.tight_layout(); plt.show()\n'),
+             code('#| hide\nplt.plot(x); plt.show()'), code('plt.show()\nprint(1)'),
+             code("glue('f', fig, display=False)"), code("glue('g', fig)"),
+             code('anim = FuncAnimation(fig, f, 3)\nplt.close(fig)\nHTML(anim.to_jshtml())'),
+             {'cell_type': 'markdown', 'metadata': {}, 'source': '```{glue:figure} f\nCaption\n```'}]
+    p = tmp_path / 'x.ipynb'; p.write_text(json.dumps({'cells': cells}))
+    assert declared(p) == (4, 1)
+
+
+def test_rendered_counts_images_and_animation_frames(tmp_path):
+    page = tmp_path / 'p.html'
+    page.write_text('<img src="../_images/a.png"/><img alt="x" src="data:image/png;base64,AAA"/>'
+                    '<img src="logo.txt"/><div class="animation"><img id="_anim_img1"></div>'
+                    '<script>var img_id = "_anim_img1"; frames[0] = "data:image/png;base64,A";'
+                    'frames[1] = "data:image/png;base64,B";</script>')
+    assert rendered(page) == (2, 1, [2])
+
+
+def test_every_notebook_is_a_chapter():
+    """A notebook missing from _toc.yml would never be executed by the book build (nor tested)."""
+    listed = {p.name for p in chapters()}
+    missing = [p.name for p in (ROOT / 'nbs').glob('*.ipynb') if p.name not in listed]
+    assert not missing, f'notebooks not in _toc.yml (never executed): {missing}'
+
+
+def _nbdev_all_lines(text):
+    """Line numbers of the `__all__ = [...]` statement, which nbdev writes itself (wrapped at 120)."""
+    return {i for node in ast.parse(text).body if isinstance(node, ast.Assign)
+            and any(getattr(t, 'id', None) == '__all__' for t in node.targets)
+            for i in range(node.lineno, node.end_lineno + 1)}
+
+
+def test_exported_code_fits_the_page():
+    """Every line of the generated package is at most 100 characters (STYLE.md §5). Not checked:
+    nbdev's own bookkeeping, the index dpm/_modidx.py and the `__all__` list it writes."""
+    long = []
+    for p in sorted((ROOT / 'dpm').glob('*.py')):
+        if p.name == '_modidx.py': continue
+        text = p.read_text()
+        skip = _nbdev_all_lines(text)
+        long += [f'{p.relative_to(ROOT)}:{i}: {len(l)} chars' for i, l in enumerate(text.splitlines(), 1)
+                 if len(l) > 100 and i not in skip]
+    assert not long, f'{len(long)} line(s) over 100 characters (edit the notebooks):\n' + '\n'.join(long)
