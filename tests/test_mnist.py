@@ -1,0 +1,102 @@
+"""The Parzen-window estimator of Table 2 and the MNIST experiment's hooks (fast; tiny models)."""
+import math
+import numpy as np
+import pytest
+import torch
+from dpm.mnist import (SIGMAS, D, MNIST, MNIST_GPU, parzen_log_likelihood, parzen_select_sigma,
+                       parzen_evaluate, unit_images, mnist_scaler, dequantized, sample_unit,
+                       scaler_of, _build, _data, _evaluate)
+
+
+def _parzen_numpy(x, mu, sigma):
+    "parzen_ll.py's theano_parzen written in numpy, row by row (the reference)."
+    a = (x[:, None, :] - mu[None, :, :]) / sigma
+    e = -0.5 * (a ** 2).sum(2)
+    m = e.max(1)
+    return m + np.log(np.exp(e - m[:, None]).mean(1)) - mu.shape[1] * np.log(sigma * np.sqrt(np.pi * 2))
+
+
+def test_sigma_grid_is_the_protocols():
+    assert np.allclose(SIGMAS, np.logspace(-1, 0, 10), rtol=1e-15)
+
+
+def test_parzen_matches_reference_and_batching():
+    rng = np.random.default_rng(0)
+    x, mu = rng.random((13, 784)), rng.random((29, 784))
+    ref = _parzen_numpy(x, mu, 0.2)
+    for bs in (1, 4, 500):
+        ours = parzen_log_likelihood(torch.from_numpy(x), torch.from_numpy(mu), 0.2, batch_size=bs)
+        assert ours.dtype == torch.float64 and np.allclose(ours.numpy(), ref, rtol=0, atol=1e-9)
+    many = parzen_log_likelihood(torch.from_numpy(x), torch.from_numpy(mu), [0.2, 0.5])
+    assert many.shape == (13, 2)
+    assert np.allclose(many[:, 1].numpy(), _parzen_numpy(x, mu, 0.5), atol=1e-9)
+
+
+def test_parzen_far_points_do_not_underflow():
+    mu = torch.zeros(5, 784, dtype=torch.float64)
+    x = torch.ones(2, 784, dtype=torch.float64)            # squared distance 784: exp(-39200) at 0.1
+    ll = parzen_log_likelihood(x, mu, 0.1)
+    assert torch.isfinite(ll).all()
+    assert torch.allclose(ll, torch.full((2,), -784 / 0.02 - 784 * math.log(0.1 * math.sqrt(2 * math.pi)),
+                                         dtype=torch.float64))
+
+
+def test_parzen_select_and_evaluate_follow_the_protocol():
+    gen = torch.Generator().manual_seed(0)
+    mu, valid, test = (torch.randn(n, 2, generator=gen, dtype=torch.float64) for n in (2000, 300, 400))
+    sigma, curve = parzen_select_sigma(mu, valid)
+    assert sigma == SIGMAS[int(np.argmax(curve.numpy()))] and len(curve) == 10
+    r = parzen_evaluate(mu, valid, test)
+    ll = parzen_log_likelihood(test, mu, r['sigma']).numpy()
+    assert math.isclose(r['nats'], ll.mean(), rel_tol=1e-12)
+    assert math.isclose(r['nats_se'], ll.std() / math.sqrt(len(ll)), rel_tol=1e-12)   # numpy std
+    assert math.isclose(r['bits'], r['nats'] / math.log(2), rel_tol=1e-12)
+    # the estimate approaches the true mean log-density of a 2-D standard normal
+    truth = (-0.5 * (test ** 2).sum(1) - math.log(2 * math.pi)).mean().item()
+    assert abs(r['nats'] - truth) < 0.1
+
+
+def test_parzen_rejects_bad_input():
+    x = torch.rand(3, 4, dtype=torch.float64)
+    with pytest.raises(ValueError, match='columns'): parzen_log_likelihood(x, torch.rand(5, 3), 0.1)
+    with pytest.raises(ValueError, match='positive'): parzen_log_likelihood(x, x, 0.0)
+    with pytest.raises(ValueError, match='2-D'): parzen_log_likelihood(x[0], x, 0.1)
+    with pytest.raises(ValueError, match='non-empty'): parzen_log_likelihood(x, x[:0], 0.1)
+    bad = x.clone(); bad[1, 1] = float('inf')
+    with pytest.raises(ValueError, match='NaN or inf'): parzen_log_likelihood(bad, x, 0.1)
+
+
+def test_data_units_and_scaler_stored_with_the_model(monkeypatch):
+    monkeypatch.setenv('DPM_SMALL', '1')
+    cfg = MNIST.resolve()
+    u = unit_images('valid', n=1000)
+    assert u.shape == (1000, D) and u.min() >= 0 and u.max() <= 1 and u.dtype == torch.float64
+    y = dequantized('train', n=100, seed=1)
+    assert torch.equal(y, dequantized('train', n=100, seed=1)) and 0 <= y.min() and y.max() < 1
+    train, heldout = _data(cfg, 0)
+    assert train.shape == (cfg['n_train'], 1, 28, 28) and heldout.shape == (cfg['n_heldout'], 1, 28, 28)
+    d, reverse = _build(cfg)
+    assert scaler_of(d) == mnist_scaler()
+    x = sample_unit(d, reverse, 5, batch_size=2)
+    assert x.shape == (5, D) and x.min() >= 0 and x.max() <= 1
+    with pytest.raises(ValueError, match='28x28'): d.bound(reverse, torch.zeros(2, 1, 32, 32))
+
+
+def test_evaluate_small(monkeypatch):
+    monkeypatch.setenv('DPM_SMALL', '1')
+    cfg = {**MNIST.resolve(), 'parzen_samples': 30, 'parzen_test': 50, 'n_eval': 4, 'seed': 0}
+    d, reverse = _build(cfg)
+    res = _evaluate(d, reverse, cfg, _data(cfg, 0)[1])
+    assert res['n_eval'] == 4 and res['parzen_n_samples'] == 30 and res['perfect_n_samples'] == 30
+    assert res['parzen_n_valid'] == 1000 and res['parzen_n_test'] == 50 and 'matched_nats' not in res
+    assert res['parzen_sigma'] in SIGMAS and res['data']['test']['n'] >= 50
+    assert math.isclose(res['K_minus_L_null_bits'], res['K_bits'] - res['L_null_bits'])
+    assert math.isclose(res['K_unit_nats'], res['K_bits'] * D * math.log(2) + D * math.log(res['data_scale']),
+                        rel_tol=1e-9)
+
+
+def test_gpu_configuration_is_the_papers():
+    from dpm.image_network import IMAGE_CONFIGS
+    for k, v in IMAGE_CONFIGS['mnist'].items():
+        if k not in ('image_shape', 'pathway'): assert MNIST_GPU.config[k] == v
+    assert MNIST_GPU.config['T'] == 1000 and MNIST_GPU.config['parzen_samples'] == 10_000
