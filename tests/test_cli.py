@@ -78,3 +78,49 @@ def test_kill_and_resume(tmp_path):
     ma, mb = torch.load(a / 'model.pt', weights_only=True), torch.load(b / 'model.pt', weights_only=True)
     assert ma['info']['steps'] == mb['info']['steps'] == 800
     for k in ma['model']: assert torch.allclose(ma['model'][k], mb['model'][k], atol=1e-6), k
+
+
+def test_python_m_dpm_is_dpm():
+    for mod in ('dpm', 'dpm.cli'):
+        r = subprocess.run([sys.executable, '-m', mod, 'list'], capture_output=True, text=True, cwd=ROOT, env=ENV)
+        assert r.returncode == 0 and 'swiss_roll' in r.stdout, (mod, r.stderr)
+    r = subprocess.run([sys.executable, '-m', 'dpm.cli'], capture_output=True, text=True, cwd=ROOT, env=ENV)
+    assert r.returncode == 2 and 'COMMAND' in r.stderr                  # not a silent exit 0
+
+
+@pytest.fixture
+def image_toy(monkeypatch):
+    "Register tests/image_toy.py's experiment with the CLI (in this process)."
+    import dpm.cli
+    monkeypatch.syspath_prepend(str(ROOT / 'tests'))
+    monkeypatch.setattr(dpm.cli, 'EXPERIMENT_MODULES', dpm.cli.EXPERIMENT_MODULES + ('image_toy',))
+    return dpm.cli.main
+
+
+@pytest.mark.parametrize('channels', [1, 3])
+def test_image_experiment_trains_with_bf16_and_channels_last_and_samples_a_grid(tmp_path, image_toy, channels):
+    from PIL import Image
+    main = image_toy
+    main(['train', 'image_toy', '--out', str(tmp_path), '--set', f'channels={channels}', '--set', 'amp="bf16"',
+          '--set', 'channels_last=true', '--set', 'checkpoint_minutes=0.5', '--no-progress'])
+    info = torch.load(tmp_path / 'model.pt', weights_only=True)['info']
+    assert info['precision'] == 'bf16' and info['channels_last'] and info['world_size'] == 1
+    assert info['examples_per_second'] > 0 and info['peak_memory_mb'] > 0 and info['completed']
+    rec = json.loads((tmp_path / 'training.json').read_text())
+    assert rec['device'] == 'cpu' and rec['precision'] == 'bf16'
+    main(['sample', 'image_toy', '--out', str(tmp_path), '-n', '10'])
+    img = Image.open(tmp_path / 'samples.png')
+    assert torch.load(tmp_path / 'samples.pt').shape == (10, channels, 8, 8)
+    # 4 columns x 3 rows of 8x8 images with 1-pixel gaps, enlarged by an integer factor to >= 512 pixels
+    w, h = 4 * 9 + 1, 3 * 9 + 1
+    s = 512 // w
+    assert img.size == (w * s, h * s)
+
+
+def test_image_grid_layout():
+    from dpm.cli import image_grid
+    x = torch.zeros(5, 3, 4, 6); x[1] = 1.0
+    g = image_grid(x, pad=1, min_size=1)
+    assert g.shape == (2 * 5 + 1, 3 * 7 + 1, 3) and g.min() >= 0 and g.max() <= 1
+    assert (g[1:5, 8:14] == 1).all() and (g[1:5, 1:7] == 0).all()        # image 1 white, image 0 black
+    with pytest.raises(ValueError, match='C = 1 or 3'): image_grid(torch.zeros(2, 2, 4, 4))
