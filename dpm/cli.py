@@ -13,7 +13,8 @@ from .training import (run, load_model, machine, peak_memory_mb, CheckpointError
                        upgrade_checkpoint)
 
 # %% ../nbs/06_cli.ipynb #f83fb9b3
-EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat')
+EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat', 'dpm.dead_leaves', 'dpm.mnist', 'dpm.cifar10',
+                      'dpm.bark')
 
 def experiments() -> dict:
     "Name -> Experiment for every experiment defined in the chapters' modules."
