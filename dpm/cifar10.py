@@ -73,19 +73,19 @@ def _data(cfg, seed):
 # %% ../nbs/14_cifar10.ipynb #4047a1ed
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=1000, n_eval=250, n_denoise=16, n_posterior=4,
                T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10, variant='paper',
-               n_scales=3, conv_channels=16, conv_layers=2, kernel_size=3, dense_hidden=200,
-               dense_layers=2, dense_channels=2, hidden_1x1=32, layers_1x1=1, n_bumps=10,
-               steps=4000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=1000, eval_size=100, checkpoint_every=500, eval_batch=100)
+               n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3, dense_hidden=300,
+               dense_layers=2, dense_channels=3, hidden_1x1=48, layers_1x1=2, n_bumps=10,
+               steps=12_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=3000, eval_size=100, checkpoint_every=500, eval_batch=125)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_posterior=2, T=10,
               n_scales=2, conv_channels=4, conv_layers=1, dense_hidden=16, dense_channels=1,
               hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9, eval_every=0,
               eval_size=20, eval_batch=40)
 _NET_GPU = {k: v for k, v in IMAGE_CONFIGS['cifar10'].items()
             if k not in ('image_shape', 'pathway')}
-_GPU = dict(_CONFIG, size=32, n_train=50_000, n_heldout=10_000, n_eval=1000, n_denoise=64,
+_GPU = dict(_CONFIG, size=32, n_train=50_000, n_heldout=10_000, n_eval=500, n_denoise=32,
             T=1000, **_NET_GPU, steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
-            eval_every=2500, eval_size=100, checkpoint_every=1000, eval_batch=250)
+            eval_every=5000, eval_size=100, checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=PAPER_K_BITS_PER_PIXEL, K_minus_L_null_bits=PAPER_K_MINUS_L_NULL)
 
 # %% ../nbs/14_cifar10.ipynb #ec47b0b2

@@ -341,7 +341,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     opt = _optimizer(cfg, [p for p in model.parameters() if p.requires_grad])
     ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
            if cfg.ema else None)
-    gen = torch.Generator(device='cpu')              # minibatches and t: the same on every rank
+    gen = torch.Generator(device='cpu')              # minibatches: the same on every rank
     state = dict(step=0, history=[], train_seconds=0.0, running=None)
     if checkpoint is not None and Path(checkpoint).exists():
         ck = load_checkpoint(checkpoint)
@@ -393,13 +393,12 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     while state['step'] < cfg.steps and not stop:
         for g in opt.param_groups: g['lr'] = _lr(cfg, state['step'])
         idx = torch.randint(N, (B,), generator=gen)[lo:hi].to(device)      # global batch, my share
-        ts = None if T < 2 else (stratified_steps(B, T, generator=gen) if cfg.stratified
-                                 else torch.randint(2, T + 1, (B,), generator=gen))
+        ts = None if T < 2 else (stratified_steps(B, T, device) if cfg.stratified and T > 2
+                                 else torch.randint(2, T + 1, (B,), device=device))
         noise = (torch.randn if gaussian else torch.rand)((B, *event), device=device,
                                                           dtype=train_data.dtype)
         x = train_data[idx].contiguous(memory_format=fmt)
-        k = objective(x, None if ts is None else ts[lo:hi].to(device),
-                      noise[lo:hi].contiguous(memory_format=fmt))
+        k = objective(x, None if ts is None else ts[lo:hi], noise[lo:hi].contiguous(memory_format=fmt))
         loss = -k.mean()
         opt.zero_grad(set_to_none=True); loss.backward()       # DDP: gradients averaged over ranks
         elapsed = time.perf_counter() - t_start

@@ -1,0 +1,92 @@
+"""CIFAR-10 chapter (dpm.cifar10): units, the 8-bit bridge, Gaussian baselines, the experiments."""
+import math
+import pytest
+import torch
+from dpm.cifar10 import (CIFAR10, CIFAR10_GPU, L_NULL_BITS_PER_DIM, PAPER_K_BITS_PER_PIXEL,
+                         PAPER_K_MINUS_L_NULL, bits_per_pixel, paper_to_8bit, crop, fit_gaussian,
+                         gaussian_log_likelihood, wiener_denoise, wiener_mse, model_scaler,
+                         denoising, _build, _data, _evaluate)
+from dpm.image_network import IMAGE_CONFIGS
+
+
+def _spd(D, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    A = torch.randn(D, D, generator=g, dtype=torch.float64)
+    return A @ A.T / D + 0.1 * torch.eye(D, dtype=torch.float64), torch.randn(D, generator=g,
+                                                                                 dtype=torch.float64)
+
+
+def test_units_and_bridge():
+    # Table 1: K - (K - L_null) = L_null per RGB pixel = 3 values (within the table's rounding)
+    assert abs((PAPER_K_BITS_PER_PIXEL - PAPER_K_MINUS_L_NULL) - bits_per_pixel(L_NULL_BITS_PER_DIM)) < 0.1
+    assert abs(L_NULL_BITS_PER_DIM + 0.5 * math.log2(2 * math.pi * math.e)) < 1e-12
+    assert abs(paper_to_8bit(5.4, 0.25) - 4.2) < 1e-12         # 8 - 1.8 - log2(4)
+    # larger sigma (less stretching) -> smaller Jacobian gain -> more bits; more K -> fewer bits
+    assert paper_to_8bit(5.4, 0.26) > paper_to_8bit(5.4, 0.25) > paper_to_8bit(6.0, 0.25)
+    with pytest.raises(ValueError, match='pixel_std'): paper_to_8bit(5.4, -1.0)
+
+
+def test_wiener_is_gaussian_conditioning():
+    S, m = _spd(6)
+    y = torch.randn(4, 6, dtype=torch.float64)
+    s2 = 0.7
+    explicit = m + (y - m) @ (S @ torch.linalg.inv(S + s2 * torch.eye(6, dtype=torch.float64))).T
+    assert torch.allclose(wiener_denoise(m, S, y, s2), explicit, atol=1e-10)
+    post = S - S @ torch.linalg.inv(S + s2 * torch.eye(6, dtype=torch.float64)) @ S
+    assert abs(wiener_mse(S, s2) - post.trace().item() / 6) < 1e-10
+    assert torch.allclose(wiener_denoise(m, S, y, 1e-9), y, atol=1e-6)     # no noise: y itself
+    assert torch.allclose(wiener_denoise(m, S, y, 1e9), m.expand_as(y), atol=1e-6)  # all noise: m
+    with pytest.raises(ValueError, match='noise_var'): wiener_denoise(m, S, y, 0.0)
+
+
+def test_gaussian_fit_and_likelihood():
+    S, m = _spd(5, 1)
+    x = torch.distributions.MultivariateNormal(m, S).sample((20_000,))
+    m_hat, S_hat = fit_gaussian(x)
+    assert torch.allclose(m_hat, m, atol=0.05) and torch.allclose(S_hat, S, atol=0.1)
+    ref = torch.distributions.MultivariateNormal(m, S).log_prob(x[:7])
+    assert torch.allclose(gaussian_log_likelihood(m, S, x[:7]), ref, atol=1e-8)
+    with pytest.raises(ValueError, match='full covariance'): fit_gaussian(x[:5])
+
+
+def test_crop():
+    k = torch.arange(2 * 3 * 32 * 32).reshape(2, 3, 32, 32)
+    assert crop(k, 16).shape == (2, 3, 16, 16) and crop(k, 16)[0, 0, 0, 0] == k[0, 0, 8, 8]
+    for bad in (0, 33):
+        with pytest.raises(ValueError, match='crop size'): crop(k, bad)
+
+
+def test_gpu_configuration_is_the_papers():
+    cfg = CIFAR10_GPU.config
+    assert cfg['T'] == 1000 and cfg['size'] == 32
+    for k, v in IMAGE_CONFIGS['cifar10'].items():
+        if k not in ('image_shape', 'pathway'): assert cfg[k] == v, k
+
+
+def test_small_experiment_end_to_end(monkeypatch):
+    monkeypatch.setenv('DPM_SMALL', '1')
+    cfg = CIFAR10.resolve(); cfg['seed'] = 0
+    torch.manual_seed(0)
+    d, reverse = _build(cfg)
+    train_x, heldout = _data(cfg, 0)
+    S = cfg['size']
+    assert train_x.shape == (cfg['n_train'], 3, S, S) and heldout.shape[1:] == (3, S, S)
+    assert abs(train_x.double().mean().item()) < 0.02 and abs(train_x.double().var().item() - 1) < 0.02
+    assert abs(model_scaler(d).scale - d.data_scale.item()) == 0
+    res = _evaluate(d, reverse, cfg, heldout)
+    assert math.isfinite(res['K_bits']) and res['K_bits'] <= res['ceiling_bits']
+    # the bridge applied to the measured K, in its own units
+    expect = 8 - res['K_bits'] / 3 - math.log2(res['data_scale'])
+    assert abs(res['bits_per_dim_8bit'] - expect) < 1e-9
+    assert abs(res['K_minus_L_null_bits'] - (res['K_bits'] - bits_per_pixel(L_NULL_BITS_PER_DIM))) < 1e-9
+    assert res['mse_wiener'] < res['mse_noisy'] and res['stand_in'] in (True, False)
+    den = denoising(d, reverse, heldout[:2], 1.0, 3)
+    assert den['samples'].shape == (3, 2, 3, S, S) and 'mse_wiener' not in den
+
+
+def test_cli_knows_the_experiments(monkeypatch, capsys):
+    import dpm.cli
+    monkeypatch.setattr(dpm.cli, 'EXPERIMENT_MODULES', dpm.cli.EXPERIMENT_MODULES + ('dpm.cifar10',))
+    dpm.cli.main(['list'])
+    out = capsys.readouterr().out
+    assert 'cifar10 ' in out and 'cifar10_gpu' in out
