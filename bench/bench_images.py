@@ -190,13 +190,16 @@ def measure(arch, batch, mode, device, steps, warmup, rounds, seed):
     res = {}
     if 'compile' in mode: torch._dynamo.reset()                 # a fresh compilation cache
     for impl in ('plain', 'dpm'):
-        if device.type == 'cuda': torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+        base = 0
+        if device.type == 'cuda':
+            torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()             # the other implementation, if set up
         step, n_params = setup(arch, impl, batch, mode, device, seed)
         t0 = time.perf_counter(); step(); sync()
         first = time.perf_counter() - t0                        # includes compilation
         for _ in range(warmup): step()
         sync()
-        peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == 'cuda' else None
+        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20 if device.type == 'cuda' else None
         res[impl] = dict(step=step, first_step_seconds=first, peak_memory_mb=peak, rounds=[])
     for _ in range(rounds):                                     # alternate: load drifts hit both
         for impl in ('plain', 'dpm'):
