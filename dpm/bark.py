@@ -51,17 +51,17 @@ def inpaint_images(cfg, seed: int = 0):
 # %% ../nbs/15_bark.ipynb #8fc4cdcb
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=200, inpaint_size=64, hole=24,
                border=4, inpaint_samples=2,
-               T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
+               T=500, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
                variant='paper', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
                hidden_1x1=32, layers_1x1=2, n_bumps=10,
-               steps=5000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=2000, eval_size=100, checkpoint_every=500, eval_batch=100)
+               steps=10_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=2500, eval_size=100, checkpoint_every=500, eval_batch=100)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, inpaint_size=32, hole=12, border=3,
               T=10, n_scales=2, conv_channels=8, conv_layers=2, hidden_1x1=8, layers_1x1=1,
               steps=30, batch_size=16, ema=0.9, eval_every=0, eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=500, inpaint_size=256,
             hole=100, border=8, inpaint_samples=4, n_scales=5, conv_channels=100, conv_layers=4,
-            T=500, hidden_1x1=100, layers_1x1=2, steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
+            hidden_1x1=100, layers_1x1=2, steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=2500, eval_size=100, checkpoint_every=1000, eval_batch=50)
 _PAPER = dict(K_bits=-0.55, K_minus_L_null_bits=1.5)
 
@@ -327,7 +327,7 @@ def _figures(d, reverse, cfg, heldout):
 
 # %% ../nbs/15_bark.ipynb #1e51eab2
 BARK = Experiment('bark', 'Bark texture (offline: texture stand-in, not UIUC bark), 16x16 patches, '
-                  'T=100, narrow conv net (CPU book scale; Table 1 row 5, Figure 5)', _build, _data,
+                  'T=500, narrow conv net (CPU book scale; Table 1 row 5, Figure 5)', _build, _data,
                   _CONFIG, _SMALL, _evaluate, _PAPER, _figures)
 BARK_GPU = Experiment('bark_gpu', "Bark at paper scale: 64x64 patches, T=500, the paper's "
                       'multi-scale conv net; inpainting a 100x100 hole in 256x256 (GPU)', _build,
