@@ -6,14 +6,14 @@ __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE'
            'same_disk_probability', 'fit_scale', 'ceiling_bits', 'gaussian_log_likelihood', 'leaves_images',
            'plot_figure4']
 
-# %% ../nbs/11_dead_leaves.ipynb #3684ce4c
+# %% ../nbs/11_dead_leaves.ipynb #1f4d2377
 import math, time, functools
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
 from .image_network import ImageReverse
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
-# %% ../nbs/11_dead_leaves.ipynb #09b34d94
+# %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
 R_MIN, R_MAX, LEVELS = 2.0, 64.0, 256     # radius range (pixels) and grey levels (eq-dl-window)
 
 def check_leaves(size, r_min, r_max, levels):
@@ -43,7 +43,7 @@ def window_radii_cdf(r, size: int, r_min=R_MIN, r_max=R_MAX):
     F = S * S * (a ** -2 - r ** -2) / 2 + 4 * S * (1 / a - 1 / r) + 4 * torch.log(r / a)
     return F / (S * S * (a ** -2 - b ** -2) / 2 + 4 * S * (1 / a - 1 / b) + 4 * math.log(b / a))
 
-# %% ../nbs/11_dead_leaves.ipynb #17e6cbb7
+# %% ../nbs/11_dead_leaves.ipynb #af439fa3
 def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels: int = LEVELS,
                        generator=None, device=None, batch: int = None, budget: int = None,
                        matmul: bool = None):     # distances by one matmul (CPU) or by broadcasting
@@ -96,7 +96,7 @@ def dequantize(k: torch.Tensor, levels: int = LEVELS, generator=None) -> torch.T
     u = torch.rand(k.shape, generator=generator, device=k.device)
     return (k.float() + u) / levels
 
-# %% ../nbs/11_dead_leaves.ipynb #1320029a
+# %% ../nbs/11_dead_leaves.ipynb #c227d31e
 def lens_area(r, d):
     "Area of the overlap of two disks of radius r whose centres are d apart (eq-dl-lens)."
     h = (d / (2 * r)).clamp(max=1)
@@ -111,7 +111,7 @@ def same_disk_probability(d, r_min=R_MIN, r_max=R_MAX, m: int = 200_000) -> torc
     cap = lens_area(r, d).mean(1)                              # E_r[A_cap(r, d)]
     return cap / (2 * math.pi * (r ** 2).mean() - cap)
 
-# %% ../nbs/11_dead_leaves.ipynb #3a669f9b
+# %% ../nbs/11_dead_leaves.ipynb #afe875a3
 def fit_scale(x: torch.Tensor):
     "Shift m and scale s of eq-dl-scale (one number each over all pixels), float64."
     x = x.double()
@@ -125,7 +125,7 @@ def ceiling_bits(scale: float, levels: int = LEVELS) -> float:
 L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)       # bits per pixel, unit Gaussian
 DATA_SHIFT, DATA_SCALE = 0.5, 1 / math.sqrt(12)             # m and s of eq-dl-scale, exact
 
-# %% ../nbs/11_dead_leaves.ipynb #21657014
+# %% ../nbs/11_dead_leaves.ipynb #a49939bb
 @torch.no_grad()
 def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: int = 2000):
     "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-dl-gauss)."
@@ -143,7 +143,7 @@ def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: i
         out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
     return torch.cat(out)
 
-# %% ../nbs/11_dead_leaves.ipynb #d2c25c9a
+# %% ../nbs/11_dead_leaves.ipynb #fdb2718c
 @functools.lru_cache(maxsize=4)
 def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: int, device: str):
     dev = pick_device(device)
@@ -175,7 +175,7 @@ def _build(cfg):
                            layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'], variant=cfg['variant'])
     return d, reverse
 
-# %% ../nbs/11_dead_leaves.ipynb #7ad88e62
+# %% ../nbs/11_dead_leaves.ipynb #f1574e26
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "K, K - L_null, the Gaussian baseline and the ceiling, bits per pixel of the scaled images."
@@ -201,7 +201,7 @@ def _evaluate(d, reverse, cfg, heldout):
                 data_shift=d.data_shift.item(), data_scale=d.data_scale.item(), n_heldout=len(x),
                 size=int(cfg['size']), T=d.T, bound_seconds=seconds)
 
-# %% ../nbs/11_dead_leaves.ipynb #8e469dc7
+# %% ../nbs/11_dead_leaves.ipynb #b3615a93
 @torch.no_grad()
 def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     "Figure 4: n held-out training-distribution images (top) and n model samples (bottom)."
@@ -223,7 +223,7 @@ def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
 def _figures(d, reverse, cfg, heldout):
     return {'figure4': plot_figure4(d, reverse, heldout, n=4, seed=cfg.get('seed', 0))}
 
-# %% ../nbs/11_dead_leaves.ipynb #0da14362
+# %% ../nbs/11_dead_leaves.ipynb #da5a2807
 _DATA = dict(r_min=R_MIN, r_max=R_MAX, levels=LEVELS)
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=500, data_device='cpu', **_DATA,
                T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
