@@ -18,10 +18,12 @@ R_MIN, R_MAX, LEVELS = 2.0, 64.0, 256     # radius range (pixels) and grey level
 
 def check_leaves(size, r_min, r_max, levels):
     "Validate the generator's parameters (clear `ValueError`s)."
-    if int(size) != size or size < 1: raise ValueError(f"dpm: size must be a positive integer, got {size}")
+    if int(size) != size or size < 1:
+        raise ValueError(f"dpm: size must be a positive integer, got {size}")
     if not 0 < r_min < r_max < math.inf:
         raise ValueError(f"dpm: need 0 < r_min < r_max < inf, got r_min={r_min}, r_max={r_max}")
-    if int(levels) != levels or levels < 2: raise ValueError(f"dpm: levels must be an integer >= 2, got {levels}")
+    if int(levels) != levels or levels < 2:
+        raise ValueError(f"dpm: levels must be an integer >= 2, got {levels}")
 
 def window_radii(n: int, size: int, r_min=R_MIN, r_max=R_MAX, generator=None, device=None):
     "n radii of the disks that can touch an S x S window: density eq-dl-window, float32."
@@ -72,9 +74,9 @@ def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels:
                  - r[..., None])                                       # uniform on [-r, S + r]^2
             k = torch.randint(int(levels), (B, K), generator=generator, device=dev,
                               dtype=torch.int16)
-            if matmul:                      # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
-                P = torch.cat([pix, torch.ones_like(pix[..., :1]), (pix * pix).sum(-1, keepdim=True)],
-                              -1)
+            if matmul:              # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
+                P = torch.cat([pix, torch.ones_like(pix[..., :1]),
+                               (pix * pix).sum(-1, keepdim=True)], -1)
                 C = torch.cat([-2 * c, ((c * c).sum(-1) - r * r)[..., None],
                                torch.ones_like(r[..., None])], -1)
                 cover = torch.bmm(P, C.transpose(1, 2)) < 0            # (B, M, K)
@@ -152,7 +154,7 @@ def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: in
     return dequantize(k, levels, gen)[:, None]                 # (n, 1, S, S) in [0, 1)
 
 def leaves_images(cfg: dict, seed: int = 0):
-    "Raw (train, heldout) images of a configuration, (n, 1, S, S) in [0, 1), each from its own seed."
+    "Raw (train, heldout) images of a configuration, (n, 1, S, S) in [0, 1], each its own seed."
     args = (int(cfg['size']), float(cfg['r_min']), float(cfg['r_max']), int(cfg['levels']))
     dev = str(cfg.get('data_device', 'cpu'))
     return (_images(int(cfg['n_train']), *args, 40_000 + 2 * seed, dev),
@@ -165,14 +167,16 @@ def _data(cfg, seed):
 
 def _build(cfg):
     S = int(cfg['size'])
-    d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'], n_bumps=cfg['schedule_bumps'],
-                                           learn=cfg['learn_schedule']))
+    schedule = GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'], n_bumps=cfg['schedule_bumps'],
+                                learn=cfg['learn_schedule'])
+    d = GaussianDiffusion(schedule)
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
     reverse = ImageReverse(d, (1, S, S), pathway='conv', n_scales=cfg['n_scales'],
                            conv_channels=cfg['conv_channels'], conv_layers=cfg['conv_layers'],
                            kernel_size=cfg['kernel_size'], hidden_1x1=cfg['hidden_1x1'],
-                           layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'], variant=cfg['variant'])
+                           layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'],
+                           variant=cfg['variant'])
     return d, reverse
 
 # %% ../nbs/11_dead_leaves.ipynb #f1574e26
@@ -195,7 +199,8 @@ def _evaluate(d, reverse, cfg, heldout):
     top = ceiling_bits(d.data_scale.item(), cfg['levels'])
     if K - 4 * K_se > top:
         raise RuntimeError(f"dpm: K = {K:.3f} bits per pixel is above the ceiling {top:.3f}: a bug")
-    return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS, K_minus_L_null_bits=K - L_NULL_BITS,
+    return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS,
+                K_minus_L_null_bits=K - L_NULL_BITS,
                 gaussian_bits=G, gaussian_bits_se=G_se, K_minus_gaussian_bits=K - G,
                 K_minus_gaussian_se=math.sqrt(K_se ** 2 + G_se ** 2), ceiling_bits=top,
                 data_shift=d.data_shift.item(), data_scale=d.data_scale.item(), n_heldout=len(x),
@@ -213,8 +218,8 @@ def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     show = lambda im: (im[0] * d.data_scale.item() + d.data_shift.item()).clamp(0, 1).numpy()
     fig, axes = plt.subplots(2, n, figsize=(2.6 * n + 0.4, 5.6), squeeze=False)
     for j in range(n):
-        axes[0, j].imshow(show(heldout[j].cpu()), cmap='gray', vmin=0, vmax=1, interpolation='nearest')
-        axes[1, j].imshow(show(x[j]), cmap='gray', vmin=0, vmax=1, interpolation='nearest')
+        for row, im in ((0, heldout[j].cpu()), (1, x[j])):
+            axes[row, j].imshow(show(im), cmap='gray', vmin=0, vmax=1, interpolation='nearest')
         for ax in axes[:, j]: ax.set_xticks([]); ax.set_yticks([])
     axes[0, 0].set_ylabel('training distribution'); axes[1, 0].set_ylabel('diffusion model')
     fig.tight_layout()
@@ -228,21 +233,21 @@ _DATA = dict(r_min=R_MIN, r_max=R_MAX, levels=LEVELS)
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=500, data_device='cpu', **_DATA,
                T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
                variant='reference', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
-               hidden_1x1=32, layers_1x1=2, n_bumps=10,             # variant: see the ablation below
+               hidden_1x1=32, layers_1x1=2, n_bumps=10,           # variant: see the ablation
                steps=5000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
                eval_every=2000, eval_size=100, checkpoint_every=500, eval_batch=100)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, conv_channels=8,
               conv_layers=2, hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9,
               eval_every=0, eval_size=20, eval_batch=40)
-_GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto', T=1000,
-            n_scales=5, conv_channels=100, conv_layers=4, hidden_1x1=100, layers_1x1=2,
+_GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto',
+            T=1000, n_scales=5, conv_channels=100, conv_layers=4, hidden_1x1=100, layers_1x1=2,
             steps=100_000, batch_size=128, lr=1e-3, ema=0.999, eval_every=2500, eval_size=100,
             checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=1.489, K_minus_L_null_bits=3.536, MCGSM_bits=1.244)
 
-DEAD_LEAVES = Experiment('dead_leaves', 'Dead leaves, 16x16 crops, T=100, narrow conv net (CPU book '
-                         'scale; Table 1 row 4, Table 2 row 1)', _build, _data, _CONFIG, _SMALL,
-                         _evaluate, _PAPER, _figures)
-DEAD_LEAVES_GPU = Experiment('dead_leaves_gpu', "Dead leaves at paper scale: 64x64, T=1000, the paper's "
-                             'network size, reference variant (GPU)', _build, _data, _GPU, _SMALL, _evaluate, _PAPER,
-                             _figures)
+DEAD_LEAVES = Experiment('dead_leaves', 'Dead leaves, 16x16 crops, T=100, narrow conv net '
+                         '(CPU book scale; Table 1 row 4, Table 2 row 1)', _build, _data, _CONFIG,
+                         _SMALL, _evaluate, _PAPER, _figures)
+DEAD_LEAVES_GPU = Experiment('dead_leaves_gpu', "Dead leaves at paper scale: 64x64, T=1000, the "
+                             "paper's network size, reference variant (GPU)", _build, _data, _GPU,
+                             _SMALL, _evaluate, _PAPER, _figures)
