@@ -1,7 +1,8 @@
 #!/usr/bin/env python
 """Paper-scale dead leaves on one GPU: train `dead_leaves_gpu` (64x64 images, T=1000, the paper's
-multi-scale convolutional network) for --minutes in bf16, then evaluate it: K on held-out images with
-every t summed, the full-covariance Gaussian baseline, Figure 4, all in OUT/record.json.
+multi-scale convolutional network size, reference-code variant) for --minutes in bf16, then
+evaluate it: K on held-out images with every t summed, the full-covariance Gaussian baseline and
+Figure 4, all in OUT/record.json.
 
 Resumable: running it again continues from OUT/checkpoint.pt for --minutes more.
 

@@ -6,22 +6,24 @@ __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE'
            'same_disk_probability', 'fit_scale', 'ceiling_bits', 'gaussian_log_likelihood', 'leaves_images',
            'plot_figure4']
 
-# %% ../nbs/11_dead_leaves.ipynb #98c77728
+# %% ../nbs/11_dead_leaves.ipynb #1f4d2377
 import math, time, functools
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
 from .image_network import ImageReverse
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
-# %% ../nbs/11_dead_leaves.ipynb #08b54b06
+# %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
 R_MIN, R_MAX, LEVELS = 2.0, 64.0, 256     # radius range (pixels) and grey levels (eq-dl-window)
 
 def check_leaves(size, r_min, r_max, levels):
     "Validate the generator's parameters (clear `ValueError`s)."
-    if int(size) != size or size < 1: raise ValueError(f"dpm: size must be a positive integer, got {size}")
+    if int(size) != size or size < 1:
+        raise ValueError(f"dpm: size must be a positive integer, got {size}")
     if not 0 < r_min < r_max < math.inf:
         raise ValueError(f"dpm: need 0 < r_min < r_max < inf, got r_min={r_min}, r_max={r_max}")
-    if int(levels) != levels or levels < 2: raise ValueError(f"dpm: levels must be an integer >= 2, got {levels}")
+    if int(levels) != levels or levels < 2:
+        raise ValueError(f"dpm: levels must be an integer >= 2, got {levels}")
 
 def window_radii(n: int, size: int, r_min=R_MIN, r_max=R_MAX, generator=None, device=None):
     "n radii of the disks that can touch an S x S window: density eq-dl-window, float32."
@@ -43,7 +45,7 @@ def window_radii_cdf(r, size: int, r_min=R_MIN, r_max=R_MAX):
     F = S * S * (a ** -2 - r ** -2) / 2 + 4 * S * (1 / a - 1 / r) + 4 * torch.log(r / a)
     return F / (S * S * (a ** -2 - b ** -2) / 2 + 4 * S * (1 / a - 1 / b) + 4 * math.log(b / a))
 
-# %% ../nbs/11_dead_leaves.ipynb #987e3865
+# %% ../nbs/11_dead_leaves.ipynb #af439fa3
 def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels: int = LEVELS,
                        generator=None, device=None, batch: int = None, budget: int = None,
                        matmul: bool = None):     # distances by one matmul (CPU) or by broadcasting
@@ -72,9 +74,9 @@ def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels:
                  - r[..., None])                                       # uniform on [-r, S + r]^2
             k = torch.randint(int(levels), (B, K), generator=generator, device=dev,
                               dtype=torch.int16)
-            if matmul:                      # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
-                P = torch.cat([pix, torch.ones_like(pix[..., :1]), (pix * pix).sum(-1, keepdim=True)],
-                              -1)
+            if matmul:              # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
+                P = torch.cat([pix, torch.ones_like(pix[..., :1]),
+                               (pix * pix).sum(-1, keepdim=True)], -1)
                 C = torch.cat([-2 * c, ((c * c).sum(-1) - r * r)[..., None],
                                torch.ones_like(r[..., None])], -1)
                 cover = torch.bmm(P, C.transpose(1, 2)) < 0            # (B, M, K)
@@ -96,7 +98,7 @@ def dequantize(k: torch.Tensor, levels: int = LEVELS, generator=None) -> torch.T
     u = torch.rand(k.shape, generator=generator, device=k.device)
     return (k.float() + u) / levels
 
-# %% ../nbs/11_dead_leaves.ipynb #655976b4
+# %% ../nbs/11_dead_leaves.ipynb #c227d31e
 def lens_area(r, d):
     "Area of the overlap of two disks of radius r whose centres are d apart (eq-dl-lens)."
     h = (d / (2 * r)).clamp(max=1)
@@ -111,7 +113,7 @@ def same_disk_probability(d, r_min=R_MIN, r_max=R_MAX, m: int = 200_000) -> torc
     cap = lens_area(r, d).mean(1)                              # E_r[A_cap(r, d)]
     return cap / (2 * math.pi * (r ** 2).mean() - cap)
 
-# %% ../nbs/11_dead_leaves.ipynb #4f2e8eac
+# %% ../nbs/11_dead_leaves.ipynb #afe875a3
 def fit_scale(x: torch.Tensor):
     "Shift m and scale s of eq-dl-scale (one number each over all pixels), float64."
     x = x.double()
@@ -125,7 +127,7 @@ def ceiling_bits(scale: float, levels: int = LEVELS) -> float:
 L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)       # bits per pixel, unit Gaussian
 DATA_SHIFT, DATA_SCALE = 0.5, 1 / math.sqrt(12)             # m and s of eq-dl-scale, exact
 
-# %% ../nbs/11_dead_leaves.ipynb #280158cb
+# %% ../nbs/11_dead_leaves.ipynb #a49939bb
 @torch.no_grad()
 def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: int = 2000):
     "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-dl-gauss)."
@@ -143,7 +145,7 @@ def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: i
         out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
     return torch.cat(out)
 
-# %% ../nbs/11_dead_leaves.ipynb #a78a33ec
+# %% ../nbs/11_dead_leaves.ipynb #fdb2718c
 @functools.lru_cache(maxsize=4)
 def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: int, device: str):
     dev = pick_device(device)
@@ -152,7 +154,7 @@ def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: in
     return dequantize(k, levels, gen)[:, None]                 # (n, 1, S, S) in [0, 1)
 
 def leaves_images(cfg: dict, seed: int = 0):
-    "Raw (train, heldout) images of a configuration, (n, 1, S, S) in [0, 1), each from its own seed."
+    "Raw (train, heldout) images of a configuration, (n, 1, S, S) in [0, 1], each its own seed."
     args = (int(cfg['size']), float(cfg['r_min']), float(cfg['r_max']), int(cfg['levels']))
     dev = str(cfg.get('data_device', 'cpu'))
     return (_images(int(cfg['n_train']), *args, 40_000 + 2 * seed, dev),
@@ -165,17 +167,19 @@ def _data(cfg, seed):
 
 def _build(cfg):
     S = int(cfg['size'])
-    d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'], n_bumps=cfg['schedule_bumps'],
-                                           learn=cfg['learn_schedule']))
+    schedule = GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'], n_bumps=cfg['schedule_bumps'],
+                                learn=cfg['learn_schedule'])
+    d = GaussianDiffusion(schedule)
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
     reverse = ImageReverse(d, (1, S, S), pathway='conv', n_scales=cfg['n_scales'],
                            conv_channels=cfg['conv_channels'], conv_layers=cfg['conv_layers'],
                            kernel_size=cfg['kernel_size'], hidden_1x1=cfg['hidden_1x1'],
-                           layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'], variant=cfg['variant'])
+                           layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'],
+                           variant=cfg['variant'])
     return d, reverse
 
-# %% ../nbs/11_dead_leaves.ipynb #a5930ac4
+# %% ../nbs/11_dead_leaves.ipynb #f1574e26
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "K, K - L_null, the Gaussian baseline and the ceiling, bits per pixel of the scaled images."
@@ -195,13 +199,14 @@ def _evaluate(d, reverse, cfg, heldout):
     top = ceiling_bits(d.data_scale.item(), cfg['levels'])
     if K - 4 * K_se > top:
         raise RuntimeError(f"dpm: K = {K:.3f} bits per pixel is above the ceiling {top:.3f}: a bug")
-    return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS, K_minus_L_null_bits=K - L_NULL_BITS,
+    return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS,
+                K_minus_L_null_bits=K - L_NULL_BITS,
                 gaussian_bits=G, gaussian_bits_se=G_se, K_minus_gaussian_bits=K - G,
                 K_minus_gaussian_se=math.sqrt(K_se ** 2 + G_se ** 2), ceiling_bits=top,
                 data_shift=d.data_shift.item(), data_scale=d.data_scale.item(), n_heldout=len(x),
                 size=int(cfg['size']), T=d.T, bound_seconds=seconds)
 
-# %% ../nbs/11_dead_leaves.ipynb #dd387ca5
+# %% ../nbs/11_dead_leaves.ipynb #b3615a93
 @torch.no_grad()
 def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     "Figure 4: n held-out training-distribution images (top) and n model samples (bottom)."
@@ -213,8 +218,8 @@ def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     show = lambda im: (im[0] * d.data_scale.item() + d.data_shift.item()).clamp(0, 1).numpy()
     fig, axes = plt.subplots(2, n, figsize=(2.6 * n + 0.4, 5.6), squeeze=False)
     for j in range(n):
-        axes[0, j].imshow(show(heldout[j].cpu()), cmap='gray', vmin=0, vmax=1, interpolation='nearest')
-        axes[1, j].imshow(show(x[j]), cmap='gray', vmin=0, vmax=1, interpolation='nearest')
+        for row, im in ((0, heldout[j].cpu()), (1, x[j])):
+            axes[row, j].imshow(show(im), cmap='gray', vmin=0, vmax=1, interpolation='nearest')
         for ax in axes[:, j]: ax.set_xticks([]); ax.set_yticks([])
     axes[0, 0].set_ylabel('training distribution'); axes[1, 0].set_ylabel('diffusion model')
     fig.tight_layout()
@@ -223,26 +228,26 @@ def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
 def _figures(d, reverse, cfg, heldout):
     return {'figure4': plot_figure4(d, reverse, heldout, n=4, seed=cfg.get('seed', 0))}
 
-# %% ../nbs/11_dead_leaves.ipynb #ba8931d4
+# %% ../nbs/11_dead_leaves.ipynb #da5a2807
 _DATA = dict(r_min=R_MIN, r_max=R_MAX, levels=LEVELS)
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=500, data_device='cpu', **_DATA,
                T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
-               variant='paper', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
-               hidden_1x1=32, layers_1x1=2, n_bumps=10,
-               steps=6000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               variant='reference', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
+               hidden_1x1=32, layers_1x1=2, n_bumps=10,           # variant: see the ablation
+               steps=5000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
                eval_every=2000, eval_size=100, checkpoint_every=500, eval_batch=100)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, conv_channels=8,
               conv_layers=2, hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9,
               eval_every=0, eval_size=20, eval_batch=40)
-_GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto', T=1000,
-            n_scales=5, conv_channels=100, conv_layers=4, hidden_1x1=100, layers_1x1=2,
+_GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto',
+            T=1000, n_scales=5, conv_channels=100, conv_layers=4, hidden_1x1=100, layers_1x1=2,
             steps=100_000, batch_size=128, lr=1e-3, ema=0.999, eval_every=2500, eval_size=100,
             checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=1.489, K_minus_L_null_bits=3.536, MCGSM_bits=1.244)
 
-DEAD_LEAVES = Experiment('dead_leaves', 'Dead leaves, 16x16 crops, T=100, narrow conv net (CPU book '
-                         'scale; Table 1 row 4, Table 2 row 1)', _build, _data, _CONFIG, _SMALL,
-                         _evaluate, _PAPER, _figures)
-DEAD_LEAVES_GPU = Experiment('dead_leaves_gpu', "Dead leaves at paper scale: 64x64, T=1000, the paper's "
-                             'multi-scale conv net (GPU)', _build, _data, _GPU, _SMALL, _evaluate, _PAPER,
-                             _figures)
+DEAD_LEAVES = Experiment('dead_leaves', 'Dead leaves, 16x16 crops, T=100, narrow conv net '
+                         '(CPU book scale; Table 1 row 4, Table 2 row 1)', _build, _data, _CONFIG,
+                         _SMALL, _evaluate, _PAPER, _figures)
+DEAD_LEAVES_GPU = Experiment('dead_leaves_gpu', "Dead leaves at paper scale: 64x64, T=1000, the "
+                             "paper's network size, reference variant (GPU)", _build, _data, _GPU,
+                             _SMALL, _evaluate, _PAPER, _figures)
