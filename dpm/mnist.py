@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'MNIST', 'MNIST_GPU', 'parzen_log_likelihood', 'parzen_select_sigma',
            'parzen_evaluate', 'mnist_split', 'unit_images', 'mnist_scaler', 'dequantized', 'scaler_of', 'sample_unit',
-           'plot_samples']
+           'read_record', 'same_model', 'plot_samples']
 
 # %% ../nbs/13_mnist.ipynb #fe488396
 import math, time, functools
@@ -168,6 +168,21 @@ def _evaluate(d, reverse, cfg, heldout):
             out.update({f'matched_{k_}': v for k_, v in matched.items()})
     out['data'] = {s: _record(s, root) for s in ('train', 'valid', 'test')}
     return out
+
+_RESUMABLE = ('steps', 'eval_every', 'eval_size', 'checkpoint_every', 'checkpoint_minutes',
+              'max_minutes', 'amp', 'channels_last', 'compile')
+
+def read_record(name: str):
+    "The committed record of `dpm evaluate NAME` (results/NAME/record.json), or None."
+    import json
+    p = repo_root() / 'results' / name / 'record.json'
+    return json.loads(p.read_text()) if p.exists() else None
+
+def same_model(rec: dict, cfg: dict, info: dict) -> bool:
+    "Does a record describe the model loaded with (cfg, info): same configuration and steps?"
+    a = {k: v for k, v in rec.get('config', {}).items() if k not in _RESUMABLE}
+    b = {k: v for k, v in cfg.items() if k not in _RESUMABLE}
+    return a == b and rec.get('training', {}).get('steps') == info.get('steps')
 
 # %% ../nbs/13_mnist.ipynb #cd6f3215
 def plot_samples(samples, n_rows: int = 6, n_cols: int = 12, title: str = ''):
