@@ -10,9 +10,11 @@ parameters are copied from the dpm model and the two must give the same kernel (
 Two architectures (App. D.2; `dpm.image_network.IMAGE_CONFIGS`): the CIFAR-10 size (3x32x32, four
 multi-scale layers of 100 channels, 4 scales, dense pathway of 1,000 units) and the 64x64 grey
 convolution-only network of the dead-leaves experiment. Modes: fp32; bf16 (autocast); bf16_cl
-(bf16 + channels_last); bf16_cl_compile (+ torch.compile of the network). Results are merged into
-results/bench_images.json (one entry per device, architecture, batch and mode), written after every
-measurement, so an interrupted run keeps what it measured.
+(bf16 + channels_last); bf16_cl_compile (+ torch.compile of the network; on CUDA it runs first,
+being the mode of the anchors). Each measurement alternates the two implementations for a few rounds
+and keeps each one's best round. Results are merged into results/bench_images.json (one entry per
+device, architecture, batch and mode), written after every measurement; measurements that would
+start after `--budget` seconds (CUDA default 170) are skipped, so the GPU part stays under 3 minutes.
 
     python bench/bench_images.py --device cpu                    # tiny CPU run (< 1 min on 2 cores)
     PYTHONPATH=. python bench/bench_images.py --device cuda      # GPU: all modes, batch 128 and 512
@@ -30,10 +32,10 @@ sys.path.insert(0, str(ROOT))
 MODES = ('fp32', 'bf16', 'bf16_cl', 'bf16_cl_compile')
 ARCHS = ('cifar10', 'dead_leaves')
 DEFAULTS = {     # device type -> batches per architecture, steps, warm-up steps, modes
-    'cuda': dict(batch={'cifar10': [128, 512], 'dead_leaves': [128]}, steps=25, warmup=5, rounds=2,
-                 modes=MODES),
-    'cpu': dict(batch={'cifar10': [4], 'dead_leaves': [1]}, steps=2, warmup=0, rounds=2,
-                modes=('fp32',)),
+    'cuda': dict(batch={'cifar10': [128, 512], 'dead_leaves': [128]}, steps=20, warmup=3, rounds=2,
+                 modes=('bf16_cl_compile', 'bf16_cl', 'bf16', 'fp32'), budget=170),
+    'cpu': dict(batch={'cifar10': [4], 'dead_leaves': [2]}, steps=2, warmup=0, rounds=3,
+                modes=('fp32',), budget=600),
 }
 T = 1000
 ANCHORS = {'cifar10': {128: 15000, 512: 23000}, 'dead_leaves': {128: 4300}}   # plain, H200, bf16+cl+compile
@@ -186,14 +188,18 @@ def measure(arch, batch, mode, device, steps, warmup, rounds, seed):
     "Images/s of both implementations: best of `rounds` alternating rounds of `steps` steps each."
     sync = torch.cuda.synchronize if device.type == 'cuda' else (lambda: None)
     res = {}
+    if 'compile' in mode: torch._dynamo.reset()                 # a fresh compilation cache
     for impl in ('plain', 'dpm'):
-        if device.type == 'cuda': torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+        base = 0
+        if device.type == 'cuda':
+            torch.cuda.empty_cache(); torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()             # the other implementation, if set up
         step, n_params = setup(arch, impl, batch, mode, device, seed)
         t0 = time.perf_counter(); step(); sync()
         first = time.perf_counter() - t0                        # includes compilation
         for _ in range(warmup): step()
         sync()
-        peak = torch.cuda.max_memory_allocated() / 2 ** 20 if device.type == 'cuda' else None
+        peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20 if device.type == 'cuda' else None
         res[impl] = dict(step=step, first_step_seconds=first, peak_memory_mb=peak, rounds=[])
     for _ in range(rounds):                                     # alternate: load drifts hit both
         for impl in ('plain', 'dpm'):
@@ -249,7 +255,10 @@ def main():
     p.add_argument('--steps', type=int, default=None, help='timed steps per measurement')
     p.add_argument('--warmup', type=int, default=None, help='untimed steps after the first')
     p.add_argument('--rounds', type=int, default=None, help='alternating timed rounds; best is kept')
-    p.add_argument('--threads', type=int, default=2, help='torch CPU threads')
+    p.add_argument('--budget', type=float, default=None,
+                   help='seconds; later measurements are skipped (default: cuda 170, cpu 600)')
+    p.add_argument('--threads', type=int, default=1,
+                   help='torch CPU threads (1: steadiest on a shared machine)')
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--out', default=str(ROOT / 'results' / 'bench_images.json'))
     a = p.parse_args()
@@ -267,28 +276,38 @@ def main():
     steps = a.steps or dflt['steps']
     warmup = dflt['warmup'] if a.warmup is None else a.warmup
     rounds = a.rounds or dflt['rounds']
+    budget = a.budget or dflt['budget']
     info, path, entries, t_start = machine(device), Path(a.out), [], time.perf_counter()
     print(f"device {info['device_name']}, torch {torch.__version__}; best of {rounds} rounds of "
           f"{steps} timed steps, after the first step and {warmup} warm-up steps")
+    n_params = {}
     for arch in archs:
-        *_, n_params, err = copy_and_check(arch, torch.device('cpu'))
-        print(f'{arch}: {n_params:,} parameters (dpm and plain); kernels agree to {err:.1e}')
-        for batch in ([int(b) for b in a.batch.split(',')] if a.batch else dflt['batch'][arch]):
-            for mode in modes:
-                r = measure(arch, batch, mode, device, steps, warmup, rounds, a.seed)
-                ratio = r['dpm']['images_per_s'] / r['plain']['images_per_s']
-                entries.append(dict(device_type=device.type, device_name=info['device_name'],
-                                    arch=arch, batch=batch, mode=mode, params=n_params,
-                                    steps=steps, warmup=warmup, rounds=rounds, seed=a.seed,
-                                    threads=a.threads, dpm=r['dpm'],
-                                    plain=r['plain'], ratio_dpm_over_plain=ratio,
-                                    target_met=ratio >= 0.9,
-                                    anchor_plain_images_per_s=ANCHORS[arch].get(batch)))
-                print(f"  {arch:12s} batch {batch:4d} {mode:16s} plain {r['plain']['images_per_s']:9.1f}"
-                      f"  dpm {r['dpm']['images_per_s']:9.1f} images/s  ratio {ratio:.3f}"
-                      f"  (first step {r['dpm']['first_step_seconds']:.1f} s, peak "
-                      f"{r['dpm']['peak_memory_mb']:.0f} MiB)", flush=True)
-                save(path, entries, info)
+        *_, n_params[arch], err = copy_and_check(arch, torch.device('cpu'))
+        print(f'{arch}: {n_params[arch]:,} parameters (dpm and plain); kernels agree to {err:.1e}')
+    plan = [(mode, arch, batch) for mode in modes for arch in archs
+            for batch in ([int(b) for b in a.batch.split(',')] if a.batch else dflt['batch'][arch])]
+    for mode, arch, batch in plan:
+        left = budget - (time.perf_counter() - t_start)
+        entry = dict(device_type=device.type, device_name=info['device_name'], arch=arch, batch=batch,
+                     mode=mode, params=n_params[arch], steps=steps, warmup=warmup, rounds=rounds,
+                     seed=a.seed, threads=a.threads, anchor_plain_images_per_s=ANCHORS[arch].get(batch))
+        if left < (60 if 'compile' in mode else 10):
+            print(f"  {arch:12s} batch {batch:4d} {mode:16s} skipped: {left:.0f} s of the budget left")
+            continue
+        try:
+            r = measure(arch, batch, mode, device, steps, warmup, rounds, a.seed)
+        except Exception as e:                       # e.g. a compiler or out-of-memory error
+            entry['error'] = f'{type(e).__name__}: {str(e)[:300]}'
+            print(f"  {arch:12s} batch {batch:4d} {mode:16s} failed: {entry['error']}", flush=True)
+            entries.append(entry); save(path, entries, info); continue
+        ratio = r['dpm']['images_per_s'] / r['plain']['images_per_s']
+        entry.update(dpm=r['dpm'], plain=r['plain'], ratio_dpm_over_plain=ratio, target_met=ratio >= 0.9)
+        entries.append(entry)
+        print(f"  {arch:12s} batch {batch:4d} {mode:16s} plain {r['plain']['images_per_s']:9.1f}"
+              f"  dpm {r['dpm']['images_per_s']:9.1f} images/s  ratio {ratio:.3f}"
+              f"  (first step {r['dpm']['first_step_seconds']:.1f} s, peak "
+              f"{r['dpm']['peak_memory_mb']:.0f} MiB)", flush=True)
+        save(path, entries, info)
     print(f'total {time.perf_counter() - t_start:.0f} s; written to {path}')
 
 
