@@ -37,8 +37,10 @@ def parse_overrides(config_file=None, sets=()) -> dict:
     out = {}
     if config_file:
         try: loaded = json.loads(Path(config_file).read_text())
-        except (OSError, ValueError) as e: raise SystemExit(f"dpm: cannot read config {config_file}: {e}")
-        if not isinstance(loaded, dict): raise SystemExit(f"dpm: config {config_file} must hold a JSON object")
+        except (OSError, ValueError) as e:
+            raise SystemExit(f"dpm: cannot read config {config_file}: {e}")
+        if not isinstance(loaded, dict):
+            raise SystemExit(f"dpm: config {config_file} must hold a JSON object")
         out.update(loaded)
     for kv in sets or ():
         if '=' not in kv: raise SystemExit(f"dpm: --set expects KEY=VALUE, got {kv!r}")
@@ -52,9 +54,6 @@ def resolve(exp, overrides: dict) -> dict:
     try: cfg = exp.resolve(overrides)
     except KeyError as e: raise SystemExit(f"dpm: {e.args[0]}")
     except ValueError as e: raise SystemExit(f"dpm: {e}")
-    if 'T' in cfg and isinstance(cfg['T'], int) and cfg['T'] < 3:
-        raise SystemExit(f"dpm: T={cfg['T']} is too short for training and evaluation: the bound "
-                         f"needs steps t = 2..T to learn (T >= 3)")
     return cfg
 
 def write_json(obj, path):
@@ -72,7 +71,8 @@ def _device(device):
 def _load(exp, out, device):
     path = Path(out) / 'model.pt'
     if not path.exists():
-        raise SystemExit(f"dpm: no trained model at {path}; run `dpm train {exp.name} --out {out}` first")
+        raise SystemExit(f"dpm: no trained model at {path}; "
+                         f"run `dpm train {exp.name} --out {out}` first")
     try: out_dir = check_out_dir(out)                  # fail before the work, not after
     except OutDirError as e: raise SystemExit(f"dpm: {e}")
     try: return load_model(exp, path, device=_device(device))
@@ -93,7 +93,8 @@ def cmd_train(args):
         if n_proc > 1: torch.distributed.destroy_process_group()
     if rank: return
     model = Path(args.out) / 'model.pt'
-    how = (f"{info['steps']} steps in {info['train_seconds']:.1f} s ({info['steps_per_second']:.1f} "
+    how = (f"{info['steps']} steps in {info['train_seconds']:.1f} s "
+           f"({info['steps_per_second']:.1f} "
            f"steps/s, {info['examples_per_second']:,.0f} examples/s, {info['world_size']} process(es) "
            f"on {info['device']}, {info['precision']})")
     if info['completed']: print(f"trained {exp.name}: {how}; model written to {model}")
@@ -107,8 +108,8 @@ def cmd_evaluate(args):
     t0 = time.time()
     heldout = exp.data(cfg, cfg.get('seed', 0))[1]
     numbers = exp.evaluate(d, reverse, cfg, heldout) if exp.evaluate else {}
-    record = dict(experiment=exp.name, description=exp.description, numbers=numbers, paper=exp.paper,
-                  config=cfg, seed=cfg.get('seed', 0),
+    record = dict(experiment=exp.name, description=exp.description, numbers=numbers,
+                  paper=exp.paper, config=cfg, seed=cfg.get('seed', 0),
                   training={k: v for k, v in info.items() if k != 'history'},
                   history=info.get('history', []), evaluate_seconds=time.time() - t0,
                   time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
@@ -140,7 +141,7 @@ def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:
 
 # %% ../nbs/06_cli.ipynb #5e2b7c90
 def image_grid(x, pad: int = 1, min_size: int = 512):
-    "Tile images (n, C, H, W), C = 1 or 3, into one (H', W'[, 3]) array in [0, 1], rows of ~sqrt(n)."
+    "Tile images (n, C, H, W), C = 1 or 3, into one (H', W'[, 3]) array in [0, 1], ~sqrt(n) a row."
     if x.ndim != 4 or x.shape[1] not in (1, 3):
         raise ValueError(f"image_grid expects (n, C, H, W) with C = 1 or 3, got {tuple(x.shape)}")
     n, C, H, W = x.shape
@@ -154,7 +155,7 @@ def image_grid(x, pad: int = 1, min_size: int = 512):
         r, c = divmod(i, cols)
         top, left = pad + r * (H + pad), pad + c * (W + pad)
         grid[:, top:top + H, left:left + W] = x[i]
-    scale = max(1, min_size // max(grid.shape[1:]))                  # enlarge small images
+    scale = max(1, math.ceil(min_size / max(grid.shape[1:])))        # enlarge small images
     grid = grid.repeat_interleave(scale, 1).repeat_interleave(scale, 2)
     return grid[0].numpy() if C == 1 else grid.permute(1, 2, 0).numpy()
 
@@ -180,7 +181,8 @@ def cmd_sample(args):
                         interpolation='nearest', aspect='auto')
         ax.set_title(f'{exp.name}: {args.n} samples'); fig.savefig(out / 'samples.png', dpi=100)
         plt.close(fig)
-    print(f"{args.n} samples in {dt:.1f} s written to {out / 'samples.pt'} and {out / 'samples.png'}")
+    print(f"{args.n} samples in {dt:.1f} s written to {out / 'samples.pt'} and "
+          f"{out / 'samples.png'}")
 
 def cmd_list(args):
     for name, exp in sorted(experiments().items()): print(f"{name:18s} {exp.description}")
@@ -248,7 +250,8 @@ def _interrupted(args):
     ck = Path(args.out) / 'checkpoint.pt' if getattr(args, 'out', None) else None
     if args.command != 'train' or ck is None: return 'dpm: interrupted'
     try: step = load_checkpoint(ck)['step']
-    except CheckpointError: return f"dpm: interrupted before the first checkpoint; {ck} does not exist"
+    except CheckpointError:
+        return f"dpm: interrupted before the first checkpoint; {ck} does not exist"
     return (f"dpm: interrupted; {ck} holds step {step}: run the same command again to resume "
             f"from there")
 

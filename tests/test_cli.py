@@ -113,8 +113,8 @@ def test_image_experiment_trains_with_bf16_and_channels_last_and_samples_a_grid(
     assert torch.load(tmp_path / 'samples.pt').shape == (10, channels, 8, 8)
     # 4 columns x 3 rows of 8x8 images with 1-pixel gaps, enlarged by an integer factor to >= 512 pixels
     w, h = 4 * 9 + 1, 3 * 9 + 1
-    s = 512 // w
-    assert img.size == (w * s, h * s)
+    s = -(-512 // w)
+    assert img.size == (w * s, h * s) and w * s >= 512
 
 
 def test_image_grid_layout():
