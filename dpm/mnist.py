@@ -217,7 +217,7 @@ _SMALL = dict(n_train=1000, n_heldout=100, n_eval=20, T=10, dense_hidden=32, den
 _GPU = dict(_CONFIG, n_eval=1000, **{k: v for k, v in IMAGE_CONFIGS['mnist'].items()
                                       if k not in ('image_shape', 'pathway')},
             steps=50_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000, eval_size=200,
-            checkpoint_every=2000, eval_batch=500, parzen_samples=10_000)
+            checkpoint_every=2000, eval_batch=500, parzen_samples=10_000, sample_batch=5000)
 _PAPER = dict(parzen_bits=317.0, parzen_bits_se=2.7, perfect_bits=349.0, perfect_bits_se=3.3,
               gan_bits=325.0, gan_bits_se=2.9)
 
