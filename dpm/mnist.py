@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'MNIST', 'MNIST_GPU', 'parzen_log_likelihood', 'parzen_select_sigma',
            'parzen_evaluate', 'mnist_split', 'unit_images', 'mnist_scaler', 'dequantized', 'scaler_of', 'sample_unit',
-           'plot_samples']
+           'read_record', 'same_model', 'plot_samples']
 
 # %% ../nbs/13_mnist.ipynb #fe488396
 import math, time, functools
@@ -169,6 +169,21 @@ def _evaluate(d, reverse, cfg, heldout):
     out['data'] = {s: _record(s, root) for s in ('train', 'valid', 'test')}
     return out
 
+_RESUMABLE = ('steps', 'eval_every', 'eval_size', 'checkpoint_every', 'checkpoint_minutes',
+              'max_minutes', 'amp', 'channels_last', 'compile')
+
+def read_record(name: str):
+    "The committed record of `dpm evaluate NAME` (results/NAME/record.json), or None."
+    import json
+    p = repo_root() / 'results' / name / 'record.json'
+    return json.loads(p.read_text()) if p.exists() else None
+
+def same_model(rec: dict, cfg: dict, info: dict) -> bool:
+    "Does a record describe the model loaded with (cfg, info): same configuration and steps?"
+    a = {k: v for k, v in rec.get('config', {}).items() if k not in _RESUMABLE}
+    b = {k: v for k, v in cfg.items() if k not in _RESUMABLE}
+    return a == b and rec.get('training', {}).get('steps') == info.get('steps')
+
 # %% ../nbs/13_mnist.ipynb #cd6f3215
 def plot_samples(samples, n_rows: int = 6, n_cols: int = 12, title: str = ''):
     "A grid of images given as rows of 784 values in [0, 1] (white digits on black, as MNIST)."
@@ -193,8 +208,8 @@ _NET = dict(variant='paper', dense_layers=2, n_bumps=10)
 _CONFIG = dict(data_root='', n_train=0, n_heldout=0, n_eval=100, T=1000, beta_1=1e-3,
                learn_schedule=True, schedule_bumps=10, **_NET, dense_hidden=256,
                dense_channels=3, hidden_1x1=16, layers_1x1=2,
-               steps=2500, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=1000, eval_size=50, checkpoint_every=500, eval_batch=100,
+               steps=6000, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=2000, eval_size=50, checkpoint_every=1000, eval_batch=100,
                parzen_samples=2000, parzen_test=0, sample_batch=2500)
 _SMALL = dict(n_train=1000, n_heldout=100, n_eval=20, T=10, dense_hidden=32, dense_channels=2,
               hidden_1x1=8, layers_1x1=1, steps=40, batch_size=32, ema=0.9, eval_every=0,
@@ -202,7 +217,7 @@ _SMALL = dict(n_train=1000, n_heldout=100, n_eval=20, T=10, dense_hidden=32, den
 _GPU = dict(_CONFIG, n_eval=1000, **{k: v for k, v in IMAGE_CONFIGS['mnist'].items()
                                       if k not in ('image_shape', 'pathway')},
             steps=50_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000, eval_size=200,
-            checkpoint_every=2000, eval_batch=500, parzen_samples=10_000)
+            checkpoint_every=2000, eval_batch=500, parzen_samples=10_000, sample_batch=5000)
 _PAPER = dict(parzen_bits=317.0, parzen_bits_se=2.7, perfect_bits=349.0, perfect_bits_se=3.3,
               gan_bits=325.0, gan_bits_se=2.9)
 

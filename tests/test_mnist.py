@@ -100,3 +100,18 @@ def test_gpu_configuration_is_the_papers():
     for k, v in IMAGE_CONFIGS['mnist'].items():
         if k not in ('image_shape', 'pathway'): assert MNIST_GPU.config[k] == v
     assert MNIST_GPU.config['T'] == 1000 and MNIST_GPU.config['parzen_samples'] == 10_000
+
+
+def test_records_are_matched_to_the_loaded_model(tmp_path, monkeypatch):
+    import json
+    from dpm.mnist import read_record, same_model
+    monkeypatch.setenv('DPM_ROOT', str(tmp_path))
+    assert read_record('mnist') is None
+    cfg = {**MNIST.resolve(), 'seed': 0}
+    rec = dict(config={**cfg, 'max_minutes': 3.0}, training=dict(steps=2500), numbers={})
+    (tmp_path / 'results' / 'mnist').mkdir(parents=True)
+    (tmp_path / 'results' / 'mnist' / 'record.json').write_text(json.dumps(rec))
+    back = read_record('mnist')
+    assert same_model(back, cfg, dict(steps=2500))                  # JSON round trip, resumable keys
+    assert not same_model(back, cfg, dict(steps=2000))               # another training length
+    assert not same_model(back, {**cfg, 'dense_hidden': 7}, dict(steps=2500))   # another model
