@@ -40,7 +40,9 @@ timeout $((BENCH_S + 20)) python bench/bench_images.py --device "$DEV" --modes $
   --budget "$BENCH_S" --out "$W/bench_images.json" > "$W/logs/bench.log" 2>&1
 log "bench exit $?"; tail -25 "$W/logs/bench.log"
 
-log "2. trainings, concurrently"
+log "2. trainings, concurrently (and the CUDA halves of the contract and device tests)"
+timeout 240 python -m pytest -q -p no:cacheprovider tests/test_contract.py tests/test_posterior.py \
+  tests/test_core_hardening.py tests/test_training_hardening.py > "$W/logs/pytest_cuda.log" 2>&1 &
 extra_gpu=(--set amp=bf16 --set channels_last=true); [ "$DEV" = cpu ] && extra_gpu=()
 for e in $BOOK; do
   ( timeout $((60 * 5 + 30)) python -m dpm train "$e" --out "$W/$e" --device "$DEV" --no-progress \
