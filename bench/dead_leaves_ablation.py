@@ -4,7 +4,9 @@ reference code's variant, and the beta schedule learned with frozen noise agains
 
 Each of the four runs trains the CPU-scale `dead_leaves` configuration (same data, seed, steps and
 batch) for --steps steps in its own subprocess, then evaluates K (every t) on --n-eval held-out images.
-Writes results/dead_leaves_ablation.json, which the book's dead leaves chapter displays.
+Each run also records K per held-out image, evaluated with the same forward noise in every run (common
+random numbers), so that differences between runs can be paired. Writes results/dead_leaves_ablation.json,
+which the book's dead leaves chapter displays. Finished runs are reused (their checkpoints in runs/).
 
     python bench/dead_leaves_ablation.py                  # 4 runs, 1500 steps each, 1 thread
     python bench/dead_leaves_ablation.py --steps 3000 --threads 2 --parallel 2
@@ -28,7 +30,15 @@ def one(variant, learn, steps, n_eval, seed, threads):
     d, reverse, info = run(DEAD_LEAVES, ROOT / 'runs' / 'dead_leaves_ablation' / tag, overrides, seed,
                            'cpu', progress=False)
     cfg = DEAD_LEAVES.resolve(overrides); cfg['seed'] = seed
-    res = _evaluate(d, reverse, cfg, _data(cfg, seed)[1])
+    held = _data(cfg, seed)[1][:n_eval]
+    res = _evaluate(d, reverse, cfg, held)
+    # per-image K (bits per pixel) on the same images with the same forward noise in every run
+    # (common random numbers), for paired differences between runs
+    from dpm.diffusion import LN2
+    torch.manual_seed(seed + 1)
+    with torch.no_grad():
+        k = torch.cat([d.bound(reverse, xb) for xb in held.split(cfg['eval_batch'])]).double()
+    res['K_per_image_bits'] = (k / LN2 / held[0].numel()).tolist()
     res.update(variant=variant, learn_schedule=learn, train_seconds=info['train_seconds'],
                steps=info['steps'], load_average=os.getloadavg()[0])
     print(json.dumps(res))
