@@ -330,7 +330,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     model = Model(d, reverse).to(device)
     train_data = d.check_data(train_data.to(device), 'train_data')
     if len(train_data) == 0: raise ValueError("train_data is empty")
-    if heldout is not None: heldout = d.check_data(heldout, 'heldout')[:cfg.eval_size]
+    if heldout is not None: heldout = d.check_data(heldout.to(device), 'heldout')[:cfg.eval_size]
     fmt = torch.channels_last if cfg.channels_last else torch.contiguous_format
     if cfg.channels_last:
         if train_data.ndim != 4:
