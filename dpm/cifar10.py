@@ -31,7 +31,7 @@ MODERN_BITS_PER_DIM = {'DDPM': 3.70, 'improved DDPM': 2.94, 'VDM': 2.65}   # NLL
 
 def paper_to_8bit(k_bits_per_pixel: float = PAPER_K_BITS_PER_PIXEL,
                   pixel_std: float = ASSUMED_PIXEL_STD) -> float:
-    "Bits/dim of 8-bit data implied by K in bits per RGB pixel of unit-variance data (eq-cf-bridge)."
+    "Bits/dim of 8-bit data implied by K in bits per RGB pixel of unit-variance data (eq-cf-bridge)"
     if not pixel_std > 0: raise ValueError(f"dpm: pixel_std must be positive, got {pixel_std}")
     k_nats_per_dim = k_bits_per_pixel / CHANNELS * LN2             # K / D, nats
     return nll_bits_per_dim_8bit(k_nats_per_dim, Scaler(0.5, 1 / pixel_std))
@@ -140,7 +140,7 @@ def wiener_denoise(m, Sigma, y, noise_var: float):
     return (m + r @ gain).to(y.dtype).reshape(shape)   # row form of m + Sigma A^-1 (y - m)
 
 def wiener_mse(Sigma, noise_var: float) -> float:
-    "Expected squared error per value of the posterior mean, data of moments m, Sigma (eq-cf-wiener)."
+    "Expected squared error per value of the Gaussian posterior mean (eq-cf-wiener)"
     D = Sigma.shape[0]
     A = Sigma + noise_var * torch.eye(D, dtype=Sigma.dtype, device=Sigma.device)
     post = Sigma - Sigma @ torch.linalg.solve(A, Sigma)

@@ -13,8 +13,8 @@ from .training import (run, load_model, machine, peak_memory_mb, CheckpointError
                        upgrade_checkpoint)
 
 # %% ../nbs/06_cli.ipynb #f83fb9b3
-EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat', 'dpm.dead_leaves', 'dpm.mnist', 'dpm.cifar10',
-                      'dpm.bark')
+EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat', 'dpm.dead_leaves', 'dpm.mnist',
+                      'dpm.cifar10', 'dpm.bark')
 
 def experiments() -> dict:
     "Name -> Experiment for every experiment defined in the chapters' modules."
@@ -96,7 +96,8 @@ def cmd_train(args):
     model = Path(args.out) / 'model.pt'
     how = (f"{info['steps']} steps in {info['train_seconds']:.1f} s "
            f"({info['steps_per_second']:.1f} "
-           f"steps/s, {info['examples_per_second']:,.0f} examples/s, {info['world_size']} process(es) "
+           f"steps/s, {info['examples_per_second']:,.0f} examples/s, "
+           f"{info['world_size']} process(es) "
            f"on {info['device']}, {info['precision']})")
     if info['completed']: print(f"trained {exp.name}: {how}; model written to {model}")
     else: print(f"stopped {exp.name} after max_minutes at step {info['steps']} of "
@@ -121,7 +122,8 @@ def cmd_evaluate(args):
     write_json(record, out / 'record.json')
     for k, v in numbers.items():
         if isinstance(v, float):
-            print(f"{k:24s} {v:10.4f}" + (f"   (paper {exp.paper[k]:.3f})" if k in exp.paper else ''))
+            paper = f"   (paper {exp.paper[k]:.3f})" if k in exp.paper else ''
+            print(f"{k:24s} {v:10.4f}" + paper)
     print(f"record written to {out / 'record.json'}; figures: {', '.join(record['figures'])}")
 
 def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:
@@ -216,7 +218,8 @@ def parser() -> argparse.ArgumentParser:
                        'DIR/checkpoint.pt, losing only the steps since the last checkpoint. Writes '
                        'DIR/model.pt and DIR/training.json. Every training key can be set: steps, '
                        'batch_size, lr, ..., amp=bf16, channels_last=true, compile=true, '
-                       'checkpoint_minutes=M, max_minutes=M (stop with a checkpoint; rerun to go on).')
+                       'checkpoint_minutes=M, max_minutes=M (stop with a checkpoint; rerun to go '
+                       'on).')
     common(t, 'seed for initialisation, data and training noise (default 0)')
     t.add_argument('--config', metavar='FILE', help='JSON file of configuration overrides')
     t.add_argument('--set', action='append', metavar='KEY=VALUE',
@@ -225,9 +228,9 @@ def parser() -> argparse.ArgumentParser:
     t.set_defaults(func=cmd_train)
     e = sub.add_parser('evaluate', help='evaluate a trained experiment, write DIR/record.json',
                        description="Evaluate DIR/model.pt: the bound K, K - L_null, the true and "
-                       "importance-sampled log-likelihood where known, with the paper's values; writes "
-                       "DIR/record.json, the experiment's figures (Figure 1 or 2 of the paper) and the "
-                       "held-out bound during training as DIR/*.png.")
+                       "importance-sampled log-likelihood where known, with the paper's values; "
+                       "writes DIR/record.json, the experiment's figures (e.g. Figure 1 or 2 of "
+                       "the paper) and the held-out bound during training as DIR/*.png.")
     common(e, 'seed of the training run (the model stores its own)')
     e.set_defaults(func=cmd_evaluate)
     s = sub.add_parser('sample', help='draw samples from a trained experiment',
@@ -240,8 +243,9 @@ def parser() -> argparse.ArgumentParser:
                        description='List the experiments and what they reproduce.')
     l.set_defaults(func=cmd_list)
     u = sub.add_parser('upgrade', help='re-save model or checkpoint files with a checksum',
-                       description='Re-save files written before checksums (format dpm-checkpoint-1) '
-                       'in the current format; the weights are unchanged. Only for files you trust.')
+                       description='Re-save files written before checksums (format '
+                       'dpm-checkpoint-1) in the current format; the weights are unchanged. '
+                       'Only for files you trust.')
     u.add_argument('files', nargs='+', metavar='FILE')
     u.set_defaults(func=cmd_upgrade)
     return p

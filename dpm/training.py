@@ -122,7 +122,8 @@ class Key:
         if self.kind is float:
             if not isinstance(v, (int, float)) or not math.isfinite(v): return False
         if self.kind in (int, float):
-            if self.low is not None and (v <= self.low if 'l' in self.open else v < self.low): return False
+            if self.low is not None and (v <= self.low if 'l' in self.open else v < self.low):
+                return False
             if self.high is not None and (v >= self.high if 'h' in self.open else v > self.high):
                 return False
             return True
@@ -398,7 +399,8 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
         noise = (torch.randn if gaussian else torch.rand)((B, *event), device=device,
                                                           dtype=train_data.dtype)
         x = train_data[idx].contiguous(memory_format=fmt)
-        k = objective(x, None if ts is None else ts[lo:hi], noise[lo:hi].contiguous(memory_format=fmt))
+        t_share = None if ts is None else ts[lo:hi]
+        k = objective(x, t_share, noise[lo:hi].contiguous(memory_format=fmt))
         loss = -k.mean()
         opt.zero_grad(set_to_none=True); loss.backward()       # DDP: gradients averaged over ranks
         elapsed = time.perf_counter() - t_start
@@ -409,7 +411,8 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
             loss_value, stop = v[0].item() / n_proc, v[1].item() > 0
         else: loss_value = loss.item()
         if not math.isfinite(loss_value):
-            raise FloatingPointError(f"the bound estimate became {loss_value} at step {state['step']}")
+            raise FloatingPointError(f"the bound estimate became {loss_value} "
+                                     f"at step {state['step']}")
         if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
         if ema is not None: ema.update_parameters(model)
