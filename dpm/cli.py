@@ -268,6 +268,8 @@ def main(argv=None):
     try: args.func(args)
     except KeyboardInterrupt:
         print(_interrupted(args), file=sys.stderr); raise SystemExit(130)
+    except BrokenPipeError:                                   # `dpm list | head`: the reader left
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); raise SystemExit(141)
 
 if __name__ == '__main__' and getattr(globals().get('__spec__'), 'name', None) == 'dpm.cli':
     main()                                                    # python -m dpm.cli ...

@@ -124,3 +124,11 @@ def test_image_grid_layout():
     assert g.shape == (2 * 5 + 1, 3 * 7 + 1, 3) and g.min() >= 0 and g.max() <= 1
     assert (g[1:5, 8:14] == 1).all() and (g[1:5, 1:7] == 0).all()        # image 1 white, image 0 black
     with pytest.raises(ValueError, match='C = 1 or 3'): image_grid(torch.zeros(2, 2, 4, 4))
+
+
+def test_a_closed_pipe_is_not_a_traceback():
+    "`dpm list | head -1`: the reader leaves early; dpm exits quietly (no BrokenPipeError traceback)."
+    import subprocess, sys
+    r = subprocess.run(f"{sys.executable} -m dpm list | head -1", shell=True, capture_output=True,
+                       text=True)
+    assert r.stdout.count('\n') == 1 and 'Traceback' not in r.stderr, r.stderr
