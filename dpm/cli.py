@@ -128,7 +128,6 @@ def cmd_evaluate(args):
 
 def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:
     "Save the experiment's figures and the held-out bound during training as PNG files in `out`."
-    import matplotlib; matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     figs = dict(exp.figures(d, reverse, cfg, heldout)) if exp.figures else {}
     if history:
@@ -172,7 +171,6 @@ def cmd_sample(args):
     x = d.sample(reverse, (args.n, *event), device=d.betas.device).cpu()
     dt = time.time() - t0
     out = Path(args.out); torch.save(x, out / 'samples.pt')
-    import matplotlib; matplotlib.use('Agg')
     import matplotlib.pyplot as plt
     if len(event) == 3 and event[0] in (1, 3):                        # images: a PNG grid
         plt.imsave(out / 'samples.png', image_grid(x), cmap='gray' if event[0] == 1 else None,
@@ -262,6 +260,7 @@ def _interrupted(args):
 
 def main(argv=None):
     "Entry point of the `dpm` console script (and of `python -m dpm`)."
+    if argv is None: os.environ.setdefault('MPLBACKEND', 'Agg')   # a shell command draws to files
     args = parser().parse_args(argv)
     if getattr(args, 'small', False): os.environ['DPM_SMALL'] = '1'
     if getattr(args, 'device', None): _device(args.device)

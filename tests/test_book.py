@@ -6,6 +6,8 @@ A chapter declares, generically from its source (so new chapters are covered aut
   `glue(name, fig...)` call that displays (not `display=False`), and for every `{glue:figure}`
   directive in its markdown;
 - one animation for every shown code cell that calls `.to_jshtml(`.
+And a chapter whose code draws anywhere (a matplotlib call such as `plt.subplots(` or `.savefig(`,
+also in exported or hidden cells, e.g. a command that writes PNG files) shows at least one figure.
 Cells removed from the book (`#| hide`, `#| output: false`, `#| eval: false`) declare nothing.
 
 The book is built by tools/test.sh before pytest runs (DPM_BOOK_REQUIRED=1 there: a missing build
@@ -68,6 +70,15 @@ def declared(nb_path):
     return images, animations
 
 
+DRAWING = re.compile(r'plt\.(subplots|figure)\(|\.(savefig|imshow|scatter)\(')
+
+
+def draws(nb_path):
+    """Whether any code cell of the notebook draws with matplotlib (shown or not)."""
+    nb = json.loads(Path(nb_path).read_text())
+    return any(DRAWING.search(''.join(c['source'])) for c in nb['cells'] if c['cell_type'] == 'code')
+
+
 class _Images(html.parser.HTMLParser):
     """Counts static images (PNG/SVG/JPEG files or data URIs) and matplotlib JS animations."""
     def __init__(self):
@@ -116,6 +127,8 @@ def test_chapter_renders_its_figures(nb):
     assert images >= want_images, (
         f'{page.name}: {images} image(s) rendered, but {nb.name} declares {want_images} '
         '(cells ending in plt.show(), displayed glue(..., fig), {glue:figure})')
+    assert images + animations >= draws(nb), (
+        f'{page.name}: {nb.name} draws (matplotlib calls in its code) but the page shows no figure')
     assert animations >= want_animations, (
         f'{page.name}: {animations} animation(s) rendered, {nb.name} declares {want_animations}')
     assert all(n >= 2 for n in frames), f'{page.name}: an animation has fewer than 2 frames: {frames}'
