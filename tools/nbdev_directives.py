@@ -1,10 +1,15 @@
-"""Sphinx extension: read nbdev's `#|` cell directives as MyST-NB cell tags.
+"""Sphinx extension: read nbdev's `#|` cell directives as MyST-NB cell tags, and link exported
+code to the equations it implements.
 
 MyST-NB treats `#| hide` as a plain comment. On `source-read` this rewrites each notebook before
 MyST-NB parses (and executes) it: directive lines are removed from the shown code and mapped to
-the tags MyST-NB understands. The notebooks themselves keep nbdev's directives as their one source.
+the tags MyST-NB understands. Below every shown export cell that cites equation labels (`eq-...`
+in its docstrings or comments) it inserts a line "Implements (1), (4)" whose numbers are `{eq}`
+links to those equations, in any chapter. The notebooks themselves keep nbdev's directives as their
+one source; the inserted lines exist only in the book.
 """
 import json
+import re
 
 # directive -> tag; None means "strip the line, show the cell as is"
 TAGS = {
@@ -17,6 +22,9 @@ TAGS = {
     'default_exp': 'remove-cell',
 }
 FALSE_ONLY = {'echo', 'output', 'eval'}  # these act only when set to false
+EXPORTS = {'export', 'exports', 'exporti'}
+HIDDEN = {'remove-cell', 'remove-input'}
+EQ_LABEL = re.compile(r'\beq-[a-z0-9]+(?:-[a-z0-9]+)*')
 
 
 def _directive(line):
@@ -41,10 +49,37 @@ def translate(cell):
     return cell
 
 
+def cited_equations(cell):
+    """The `eq-...` labels an export cell cites, in order of first mention ([] for other cells)."""
+    if cell['cell_type'] != 'code': return []
+    lines = ''.join(cell['source']).splitlines()
+    if not any(l.startswith('#|') and _directive(l)[0] in EXPORTS for l in lines): return []
+    return list(dict.fromkeys(EQ_LABEL.findall('\n'.join(lines))))
+
+
+def implements_cell(cell, labels):
+    """The markdown cell shown below an export cell: links to the equations it implements."""
+    links = ', '.join(f'{{eq}}`{label}`' for label in labels)
+    return {'cell_type': 'markdown', 'id': f"{cell.get('id', 'cell')}-implements",
+            'metadata': {'tags': ['dpm-implements']}, 'source': f'*Implements* {links}.'}
+
+
+def with_equation_links(cells):
+    """Translate every code cell; put an "Implements" line below each shown export cell."""
+    out = []
+    for cell in cells:
+        labels = cited_equations(cell)
+        if cell['cell_type'] == 'code': cell = translate(cell)
+        out.append(cell)
+        if labels and not HIDDEN & set(cell.get('metadata', {}).get('tags', [])):
+            out.append(implements_cell(cell, labels))
+    return out
+
+
 def on_source_read(app, docname, source):
     if not str(app.env.doc2path(docname)).endswith('.ipynb'): return
     nb = json.loads(source[0])
-    nb['cells'] = [translate(c) if c['cell_type'] == 'code' else c for c in nb['cells']]
+    nb['cells'] = with_equation_links(nb['cells'])
     source[0] = json.dumps(nb)
 
 
