@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats', 'sample_heartbeats', 'is_heartbeat',
-           'true_log_likelihood', 'diffusion', 'trained_model', 'OptimalReverse', 'first_step_bits', 'evaluate_optimal',
-           'phase_entropy_bits', 'ceiling_gap_bits', 'beta_1_for_gap', 'align', 'plot_figure2', 'draw_reverse_bits']
+           'true_log_likelihood', 'diffusion', 'trained_model', 'OptimalReverse', 'first_step_bits',
+           'phase_entropy_bits', 'ceiling_gap_bits', 'beta_1_for_gap', 'evaluate_optimal', 'align', 'plot_figure2',
+           'draw_reverse_bits']
 
 # %% ../nbs/08_heartbeat.ipynb #23b437db
 import itertools, math, time
@@ -32,15 +33,17 @@ def is_heartbeat(x, length: int = LENGTH, period: int = PERIOD) -> torch.Tensor:
 
 def true_log_likelihood(x, period: int = PERIOD) -> torch.Tensor:
     "Exact log q(x) in nats per sequence: log(1/period) for heartbeats, else -inf (eq-hb-true)."
+    # $\log q(\mathbf x) = \log\frac15$ for the five heartbeats, $-\infty$ for every other sequence
     return torch.where(is_heartbeat(x, x.shape[1], period), torch.tensor(-math.log(period)),
                        torch.tensor(-math.inf))
 
-# %% ../nbs/08_heartbeat.ipynb #406bbda4
+# %% ../nbs/08_heartbeat.ipynb #de6b8c15
 def diffusion(T: int = 2000, p: float = RATE) -> BinomialDiffusion:
     "Binomial diffusion with beta_t = 1/(T-t+1) into Bernoulli(p) bits (eq-binom-schedule)."
     return BinomialDiffusion(binomial_schedule(T), p=p)
 
 def _build(cfg):
+    "Diffusion and reverse model: App. D.1.2's MLP (eq-rev-binom) or the time-conditioned MLP."
     d = diffusion(cfg['T'])
     if cfg['model'] == 'mlp':
         return d, HeartbeatReverse(d, LENGTH, cfg['width'], 3, cfg['readout'], cfg['n_bumps'])
@@ -48,39 +51,10 @@ def _build(cfg):
     raise ValueError("model must be 'mlp' (App. D.1.2) or 'tmlp' (time-conditioned MLP), "
                      f"got {cfg['model']!r}")
 
+# %% ../nbs/08_heartbeat.ipynb #48a92852
 def _data(cfg, seed):
     g = torch.Generator().manual_seed(10_000 + seed)
     return sample_heartbeats(cfg['n_train'], g), sample_heartbeats(cfg['n_heldout'], g)
-
-@torch.no_grad()
-def _evaluate(d, reverse, cfg, heldout):
-    """Table 1 numbers: K on each heartbeat, K - L_null, the exact and the importance-sampled
-    log-likelihood, valid samples."""
-    dev = d.betas.device
-    seqs = heartbeats().to(dev)
-    torch.manual_seed(cfg['seed'] + 1)
-    K = evaluate_bound(d, reverse, seqs.repeat(cfg['eval_reps'], 1), batch_size=1000)
-    per = [d.bound(reverse, seqs[i:i + 1].repeat(cfg['eval_reps'] // 5, 1)).double() / LN2
-           for i in range(5)]
-    per_seq = torch.stack([k.mean() for k in per])
-    per_seq_se = torch.stack([k.std() / math.sqrt(len(k)) for k in per])
-    t0 = time.perf_counter()
-    ll_is = d.log_likelihood(reverse, seqs, n=cfg['is_samples']) / LN2
-    t_is = time.perf_counter() - t0
-    if dev.type == 'cuda': torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    samples = d.sample(reverse, (cfg['n_draws'], LENGTH), device=dev)
-    if dev.type == 'cuda': torch.cuda.synchronize()
-    t_sample = time.perf_counter() - t0
-    l_null = d.l_null((LENGTH,)) / LN2
-    true = -math.log2(PERIOD)
-    return dict(K_bits=K['K_bits'], K_bits_se=K['K_bits_se'], K_per_sequence_bits=per_seq.tolist(),
-                K_per_sequence_se=per_seq_se.tolist(),
-                L_null_bits=l_null, K_minus_L_null_bits=K['K_bits'] - l_null, true_ll_bits=true,
-                gap_bits=true - K['K_bits'], is_ll_bits=ll_is.mean().item(),
-                is_samples=cfg['is_samples'],
-                is_seconds=t_is, valid_fraction=is_heartbeat(samples.cpu()).float().mean().item(),
-                n_draws=cfg['n_draws'], sample_seconds=t_sample)
 
 _CONFIG = dict(T=2000, model='tmlp', width=128, readout='bumps', n_bumps=20, n_train=10_000,
                n_heldout=1000, steps=32_000, batch_size=512, lr=3e-3, lr_final=0.02,
@@ -90,6 +64,48 @@ _SMALL = dict(T=100, steps=300, batch_size=256, eval_every=100, eval_size=100, e
               is_samples=50, n_draws=1000, ema=0.9)
 _PAPER = dict(K_bits=-2.414, K_minus_L_null_bits=12.024, true_ll_bits=-math.log2(5))
 
+# %% ../nbs/08_heartbeat.ipynb #1b11dac8
+def _per_sequence_bound(d, reverse, seqs, reps: int):
+    "K (eq-k-general) in bits on each row of `seqs`, from `reps` copies: means, standard errors."
+    per = [d.bound(reverse, seqs[i:i + 1].repeat(reps, 1)).double() / LN2
+           for i in range(len(seqs))]
+    return (torch.stack([k.mean() for k in per]),
+            torch.stack([k.std() / math.sqrt(len(k)) for k in per]))
+
+def _timed_samples(d, reverse, n: int):
+    "n samples of the model and the seconds they took (synchronised on CUDA)."
+    dev = d.betas.device
+    if dev.type == 'cuda': torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    samples = d.sample(reverse, (n, LENGTH), device=dev)
+    if dev.type == 'cuda': torch.cuda.synchronize()
+    return samples, time.perf_counter() - t0
+
+# %% ../nbs/08_heartbeat.ipynb #7929ee5f
+@torch.no_grad()
+def _evaluate(d, reverse, cfg, heldout):
+    """Table 1 numbers: K on each heartbeat (eq-k-general), K - L_null, the exact (eq-hb-true) and
+    the importance-sampled (eq-model-probability) log-likelihood, valid samples."""
+    dev = d.betas.device
+    seqs = heartbeats().to(dev)
+    torch.manual_seed(cfg['seed'] + 1)
+    K = evaluate_bound(d, reverse, seqs.repeat(cfg['eval_reps'], 1), batch_size=1000)
+    per_seq, per_seq_se = _per_sequence_bound(d, reverse, seqs, cfg['eval_reps'] // 5)
+    t0 = time.perf_counter()
+    ll_is = d.log_likelihood(reverse, seqs, n=cfg['is_samples']) / LN2
+    t_is = time.perf_counter() - t0
+    samples, t_sample = _timed_samples(d, reverse, cfg['n_draws'])
+    l_null = d.l_null((LENGTH,)) / LN2
+    true = -math.log2(PERIOD)                                 # eq-hb-true
+    return dict(K_bits=K['K_bits'], K_bits_se=K['K_bits_se'], K_per_sequence_bits=per_seq.tolist(),
+                K_per_sequence_se=per_seq_se.tolist(),
+                L_null_bits=l_null, K_minus_L_null_bits=K['K_bits'] - l_null, true_ll_bits=true,
+                gap_bits=true - K['K_bits'], is_ll_bits=ll_is.mean().item(),
+                is_samples=cfg['is_samples'],
+                is_seconds=t_is, valid_fraction=is_heartbeat(samples.cpu()).float().mean().item(),
+                n_draws=cfg['n_draws'], sample_seconds=t_sample)
+
+# %% ../nbs/08_heartbeat.ipynb #406bbda4
 def _figures(d, reverse, cfg, heldout):
     torch.manual_seed(cfg['seed'])
     samples = d.sample(reverse, (30, LENGTH), device=d.betas.device)
@@ -107,6 +123,7 @@ HEARTBEAT_MLP = Experiment(
     build=_build, data=_data, config={**_CONFIG, 'model': 'mlp', 'width': 50, 'lr': 1e-2},
     small=_SMALL, evaluate=_evaluate, paper=_PAPER, figures=_figures)
 
+# %% ../nbs/08_heartbeat.ipynb #65b77234
 def trained_model(name: str = 'heartbeat', seed: int = 0, device=None, progress: bool = False):
     """A trained heartbeat model, 'heartbeat' or 'heartbeat_mlp' (train-or-load; small under
     DPM_SMALL): (diffusion, reverse)."""
@@ -117,7 +134,9 @@ def trained_model(name: str = 'heartbeat', seed: int = 0, device=None, progress:
 # %% ../nbs/08_heartbeat.ipynb #c963f817
 class OptimalReverse(ReverseModel):
     "The best factorised reverse kernel for equally likely known data points (eq-hb-oracle)."
-    def __init__(self, diffusion: BinomialDiffusion, points):
+    def __init__(self,
+                 diffusion: BinomialDiffusion,  # the forward diffusion whose reverse it is
+                 points):                       # the equally likely data points, (n, length)
         super().__init__(diffusion, (points.shape[1],))
         self.register_buffer('points', torch.as_tensor(points, dtype=torch.float32))
 
@@ -127,37 +146,30 @@ class OptimalReverse(ReverseModel):
                              f"got {tuple(xt.shape)}")
         d, t = self.diffusion, check_steps(t, self.T, xt.shape[0])
         x0s = [phi.expand_as(xt) for phi in self.points.to(xt)]
-        log_w = torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1)  # log q(xt|phi)
-        post = torch.stack([d.posterior(x0, xt, t) for x0 in x0s], 1)              # q_i(x_t, phi_k)
+        # $\log q(\mathbf x^{(t)}\mid\boldsymbol\phi_k)$ (eq-binom-marginal): the weights' logits
+        log_w = torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1)
+        # $q_i(\mathbf x^{(t)}, \boldsymbol\phi_k)$ (eq-binom-posterior)
+        post = torch.stack([d.posterior(x0, xt, t) for x0 in x0s], 1)
+        # $p^\star_i = \sum_k w_k\, q_i(\mathbf x^{(t)}, \boldsymbol\phi_k)$
         prob = (torch.softmax(log_w, 1)[..., None] * post).sum(1)
         return prob.clamp(PROB_EPS, 1 - PROB_EPS)
+
+# %% ../nbs/08_heartbeat.ipynb #899270f7
+def _tpi_bits(beta_1: float, p: float, m: int, n: int) -> float:
+    "E log T_pi(x0 | x1; beta_1) in bits, m ones of n bits (eq-hb-first-step)."
+    # $a = (1-p)\beta_1$, $b = p\beta_1$: a one falls to zero, a zero rises to one
+    a, b = (1 - p) * beta_1, p * beta_1
+    # $(1-a)\log(1-a) + a\log(p\beta_1)$, per one of the data
+    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
+    # $b\log((1-p)\beta_1) + (1-b)\log(1-b)$, per zero
+    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
+    return (m * ones + (n - m) * zeros) / LN2
 
 def first_step_bits(d: BinomialDiffusion, m: int = LENGTH // PERIOD, n: int = LENGTH) -> float:
     "E log T_pi(x0 | x1; beta_1) in bits for a sequence with m ones of n bits (eq-hb-first-step)."
     return _tpi_bits(float(d.betas[0]), d.p, m, n)
 
-@torch.no_grad()
-def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
-    """K and the valid fraction of samples of the optimal factorised kernel (eq-hb-oracle): the
-    ceiling at this T."""
-    dev = d.betas.device
-    oracle = OptimalReverse(d, heartbeats()).to(dev)
-    torch.manual_seed(cfg['seed'] + 2)
-    K = evaluate_bound(d, oracle, heartbeats().to(dev).repeat(cfg['eval_reps'], 1), batch_size=1000)
-    samples = d.sample(oracle, (cfg['n_draws'], LENGTH), device=dev)
-    return dict(optimal_K_bits=K['K_bits'], optimal_K_bits_se=K['K_bits_se'],
-                first_step_bits=first_step_bits(d),
-                optimal_gap_bits=-math.log2(PERIOD) - K['K_bits'],
-                optimal_valid_fraction=is_heartbeat(samples.cpu()).float().mean().item())
-
-# %% ../nbs/08_heartbeat.ipynb #899270f7
-def _tpi_bits(beta_1: float, p: float, m: int, n: int) -> float:
-    "E log T_pi(x0 | x1; beta_1) in bits, m ones of n bits (eq-hb-first-step)."
-    a, b = (1 - p) * beta_1, p * beta_1
-    ones = (1 - a) * math.log(1 - a) + a * math.log(p * beta_1)
-    zeros = b * math.log((1 - p) * beta_1) + (1 - b) * math.log(1 - b)
-    return (m * ones + (n - m) * zeros) / LN2
-
+# %% ../nbs/08_heartbeat.ipynb #a32fb117
 def phase_entropy_bits(beta_1: float, p: float = RATE, period: int = PERIOD,
                        ones: int = LENGTH // PERIOD) -> float:
     """H(X0 | X1) in bits for equally likely heartbeats after one binomial step of rate beta_1
@@ -172,13 +184,17 @@ def phase_entropy_bits(beta_1: float, p: float = RATE, period: int = PERIOD,
     off = counts * math.log(b) + (ones - counts) * math.log1p(-b)         # the other groups
     log_q = off.sum(1, keepdim=True) - off + on           # log q(x1 | phi_k), (count vectors, k)
     ratio = (log_q[:, None, :] - log_q[:, :, None]).exp()                 # [., k, l]: q_l / q_k
+    # $-\log w_k = \log(1 + \sum_{l\ne k} q_l/q_k)$, $q_k = q(\mathbf x^{(1)}\mid\boldsymbol\phi_k)$
     others = ratio.masked_fill(torch.eye(period, dtype=torch.bool), 0).sum(-1)
+    # $H = \frac15\sum_k\sum_{\mathbf x^{(1)}} q(\mathbf x^{(1)}\mid\boldsymbol\phi_k)\,(-\log w_k)$
     h = ((log_mult[:, None] + log_q).exp() * torch.log1p(others)).sum() / period   # -log w_k
     return h.item() / LN2
 
+# %% ../nbs/08_heartbeat.ipynb #318c16b4
 def ceiling_gap_bits(beta_1: float, p: float = RATE, m: int = LENGTH // PERIOD,
                      n: int = LENGTH) -> float:
     "Least gap true - K in bits that the fixed step T_pi(beta_1) allows (eq-hb-ceiling)."
+    # $-\mathbb E\log T_\pi - H(\mathbf X^{(0)}\mid\mathbf X^{(1)})$
     return -_tpi_bits(beta_1, p, m, n) - phase_entropy_bits(beta_1, p, PERIOD, m)
 
 def beta_1_for_gap(gap_bits: float, p: float = RATE) -> float:
@@ -190,6 +206,21 @@ def beta_1_for_gap(gap_bits: float, p: float = RATE) -> float:
         mid = (lo + hi) / 2
         lo, hi = (mid, hi) if ceiling_gap_bits(math.exp(mid), p) <= gap_bits else (lo, mid)
     return math.exp(lo)
+
+# %% ../nbs/08_heartbeat.ipynb #fff01574
+@torch.no_grad()
+def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
+    """K and the valid fraction of samples of the optimal factorised kernel (eq-hb-oracle): the
+    ceiling at this T."""
+    dev = d.betas.device
+    oracle = OptimalReverse(d, heartbeats()).to(dev)
+    torch.manual_seed(cfg['seed'] + 2)
+    K = evaluate_bound(d, oracle, heartbeats().to(dev).repeat(cfg['eval_reps'], 1), batch_size=1000)
+    samples = d.sample(oracle, (cfg['n_draws'], LENGTH), device=dev)
+    return dict(optimal_K_bits=K['K_bits'], optimal_K_bits_se=K['K_bits_se'],
+                first_step_bits=first_step_bits(d),
+                optimal_gap_bits=-math.log2(PERIOD) - K['K_bits'],
+                optimal_valid_fraction=is_heartbeat(samples.cpu()).float().mean().item())
 
 # %% ../nbs/08_heartbeat.ipynb #3f819fef
 def align(x) -> torch.Tensor:

@@ -25,25 +25,34 @@ def roll_moments(noise: float = NOISE, m: int = 200_001):
     if not noise >= 0: raise ValueError(f"noise must be non-negative, got {noise}")
     u = U_MIN + (U_MAX - U_MIN) * (torch.arange(m, dtype=torch.float64) + 0.5) / m
     r = roll_curve(u)
+    # $\mathbf m = \mathbb E_u[\mathbf r(u)]$, by the midpoint rule
     centre = r.mean(0)
+    # $c = \big(\tfrac12\mathbb E_u\|\mathbf r(u)-\mathbf m\|^2 + \sigma^2\big)^{1/2}$
     return centre, (((r - centre) ** 2).sum(1).mean() / 2 + noise ** 2).sqrt()
 
+# %% ../nbs/07_swiss_roll.ipynb #b86ba929
 def sample_swiss_roll(n: int, noise: float = NOISE, generator=None) -> torch.Tensor:
     "n points of the roll, centred and scaled to unit variance (eq-sr-data), float32."
     u = U_MIN + (U_MAX - U_MIN) * torch.rand(n, generator=generator, dtype=torch.float64)
+    # $\mathbf r(u) + \sigma\boldsymbol\epsilon$
     x = roll_curve(u) + noise * torch.randn(n, 2, generator=generator, dtype=torch.float64)
     centre, c = roll_moments(noise)
+    # $\mathbf x = (\mathbf r(u) + \sigma\boldsymbol\epsilon - \mathbf m)/c$
     return ((x - centre) / c).float()
 
+# %% ../nbs/07_swiss_roll.ipynb #bd2eaeb1
 def true_log_likelihood(x, noise: float = NOISE, m: int = 40_000, batch: int = 500) -> torch.Tensor:
     "log q(x) in nats per point by midpoint quadrature over u (eq-sr-true), float64."
     if noise <= 0: raise ValueError("the roll without noise has no density in 2-D; use noise > 0")
     centre, c = roll_moments(noise)
     u = U_MIN + (U_MAX - U_MIN) * (torch.arange(m, dtype=torch.float64) + 0.5) / m
+    # $\boldsymbol\gamma(u_k) = (\mathbf r(u_k)-\mathbf m)/c,\quad s^2 = \sigma^2/c^2$
     gamma, s2 = (roll_curve(u) - centre) / c, (noise / c) ** 2
     out = []
     for xb in x.double().split(batch):
+        # $\|\mathbf x - \boldsymbol\gamma(u_k)\|^2$ for every point and node
         d2 = ((xb[:, None, :] - gamma[None]) ** 2).sum(-1)
+        # $\log\frac1M\sum_k\mathcal N(\mathbf x;\ \boldsymbol\gamma(u_k),\ s^2\mathbf I)$
         out.append(torch.logsumexp(-0.5 * d2 / s2, 1) - math.log(m) - math.log(2 * math.pi * s2))
     return torch.cat(out)
 
@@ -52,17 +61,24 @@ def geometric_schedule(T: int, beta_1: float, learn: bool = True,
                        n_bumps: int = 10) -> GaussianSchedule:
     "Learnable schedule (eq-gauss-schedule) around the geometric baseline eq-sr-schedule."
     sched = GaussianSchedule(T, beta_1=beta_1, n_bumps=n_bumps, learn=learn)
-    v = torch.exp(torch.linspace(math.log(beta_1), math.log(1 - 1e-4), T, dtype=torch.float64))
-    ab = 1 - v
-    betas = torch.cat([v[:1], 1 - ab[1:] / ab[:-1]])
+    # $1-\bar\alpha_t = \beta_1\big((1-10^{-4})/\beta_1\big)^{(t-1)/(T-1)}$
+    one_minus_alpha_bar = torch.exp(torch.linspace(math.log(beta_1), math.log(1 - 1e-4), T,
+                                                   dtype=torch.float64))
+    alpha_bar = 1 - one_minus_alpha_bar
+    # $\beta_t = 1 - \bar\alpha_t/\bar\alpha_{t-1}$ for $t\ge2$; $\beta_1$ as given
+    betas = torch.cat([one_minus_alpha_bar[:1], 1 - alpha_bar[1:] / alpha_bar[:-1]])
     with torch.no_grad(): sched.logit_baseline.copy_(torch.logit(betas).float())
     return sched
 
 def default_beta_1(noise: float) -> float:
     "beta_1 = s^2 / 20 with s the roll's thickness in scaled units."
+    # $\beta_1 = s^2/20,\quad s = \sigma/c$
     return (noise / roll_moments(noise)[1].item()) ** 2 / 20
 
+# %% ../nbs/07_swiss_roll.ipynb #15545ac4
 def _build(cfg):
+    """The diffusion (schedule eq-sr-schedule) and the reverse model: the RBF network
+    (eq-rev-rbf) or the MLP (eq-rev-posterior)."""
     beta_1 = default_beta_1(cfg['noise'])
     d = GaussianDiffusion(geometric_schedule(cfg['T'], beta_1, cfg['learn_schedule']))
     if cfg['model'] == 'rbf': return d, RBFReverse(d, 2, cfg['units'])
@@ -72,15 +88,26 @@ def _build(cfg):
                              x_scale=cfg['x_scale'])
     raise ValueError(f"model must be 'rbf' or 'mlp', got {cfg['model']!r}")
 
+# %% ../nbs/07_swiss_roll.ipynb #94903f9f
 def _data(cfg, seed):
     g = torch.Generator().manual_seed(20_000 + seed)
     train = sample_swiss_roll(cfg['n_train'], cfg['noise'], g)
     return train, sample_swiss_roll(cfg['n_heldout'], cfg['noise'], g)
 
+_CONFIG = dict(noise=NOISE, T=40, learn_schedule=True, model='mlp', units=16, width=128, depth=3,
+               readout='bumps', n_bumps=10, x_features=0, x_scale=8.0, n_train=200_000,
+               n_heldout=10_000, steps=14_000, batch_size=1024, lr=3e-3, lr_final=0.02,
+               optimizer='adam', ema=0.999, eval_every=2000, eval_size=2000, checkpoint_every=1000,
+               stratified=True, grad_clip=None, is_samples=100, bound_samples=4)
+_SMALL = dict(steps=250, batch_size=512, n_train=5000, n_heldout=500, eval_every=125, eval_size=250,
+              is_samples=10, bound_samples=1, ema=0.9)
+_PAPER = dict(K_bits=2.35, K_minus_L_null_bits=6.45)
+
+# %% ../nbs/07_swiss_roll.ipynb #34a3c5c8
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    """Table 1 numbers on held-out data: K, K - L_null, the true log-likelihood (eq-sr-true), the
-    paired gap, the importance-sampled estimate."""
+    """Table 1 numbers on held-out data: K (eq-k-general), K - L_null, the true log-likelihood
+    (eq-sr-true), the paired gap, the importance-sampled estimate (eq-model-probability)."""
     torch.manual_seed(cfg['seed'] + 1)
     x = heldout.to(d.betas.device)
     ks = torch.cat([d.bound(reverse, xb, n_samples=cfg['bound_samples'])
@@ -90,7 +117,7 @@ def _evaluate(d, reverse, cfg, heldout):
     t0 = time.perf_counter()
     ll_is = d.log_likelihood(reverse, x[:n_is], n=cfg['is_samples']).double().cpu()
     t_is = time.perf_counter() - t0
-    gap = true - ks
+    gap = true - ks                                   # $\log q(\mathbf x) - K(\mathbf x)$, paired
     se = lambda v: v.std().item() / math.sqrt(len(v))
     l_null = d.l_null((2,)) / LN2
     K = ks.mean().item() / LN2
@@ -103,15 +130,7 @@ def _evaluate(d, reverse, cfg, heldout):
                 is_samples=cfg['is_samples'], is_seconds=t_is,
                 noise=cfg['noise'], n_heldout=len(x))
 
-_CONFIG = dict(noise=NOISE, T=40, learn_schedule=True, model='mlp', units=16, width=128, depth=3,
-               readout='bumps', n_bumps=10, x_features=0, x_scale=8.0, n_train=200_000,
-               n_heldout=10_000, steps=14_000, batch_size=1024, lr=3e-3, lr_final=0.02,
-               optimizer='adam', ema=0.999, eval_every=2000, eval_size=2000, checkpoint_every=1000,
-               stratified=True, grad_clip=None, is_samples=100, bound_samples=4)
-_SMALL = dict(steps=250, batch_size=512, n_train=5000, n_heldout=500, eval_every=125, eval_size=250,
-              is_samples=10, bound_samples=1, ema=0.9)
-_PAPER = dict(K_bits=2.35, K_minus_L_null_bits=6.45)
-
+# %% ../nbs/07_swiss_roll.ipynb #37db56d9
 def _figures(d, reverse, cfg, heldout):
     return {'figure1': plot_figure1(d, reverse, heldout, seed=cfg['seed'])}
 
@@ -128,6 +147,7 @@ SWISS_ROLL_THIN = Experiment('swiss_roll_thin',
                              {**_CONFIG, 'noise': 0.01, 'x_features': 64, 'steps': 48_000}, _SMALL,
                              _evaluate, _PAPER, _figures)
 
+# %% ../nbs/07_swiss_roll.ipynb #316ce79a
 def trained_model(name: str = 'swiss_roll', seed: int = 0, device=None, progress: bool = False):
     "A trained swiss-roll model (train-or-load; small under DPM_SMALL): (diffusion, reverse)."
     exp = {e.name: e for e in (SWISS_ROLL, SWISS_ROLL_RBF, SWISS_ROLL_THIN)}[name]
@@ -137,8 +157,8 @@ def trained_model(name: str = 'swiss_roll', seed: int = 0, device=None, progress
 # %% ../nbs/07_swiss_roll.ipynb #82b892d1
 @torch.no_grad()
 def plot_figure1(d, reverse, x0, n: int = 2000, grid: int = 17, seed: int = 0):
-    """Figure 1: forward slices, reverse slices and the drift f_mu(x, t) - x at t = 0 (2 for the
-    drift), T/2, T."""
+    """Figure 1: forward slices (eq-gauss-marginal), reverse slices (eq-reverse-trajectory) and the
+    drift f_mu(x, t) - x at t = 0 (2 for the drift), T/2, T."""
     import matplotlib.pyplot as plt
     T, dev = d.T, d.betas.device
     torch.manual_seed(seed)
