@@ -96,7 +96,7 @@ class ImageReverse(ReverseModel):
                  dense_channels: int = 5,     # its output, reshaped to this many channels per pixel
                  hidden_1x1: int = 64,        # width of the per-pixel (1x1) layers
                  layers_1x1: int = 2,         # number of 1x1 tanh layers before the readout
-                 n_bumps: int = 10,           # J temporal bumps (eq-rev-bumps)
+                 n_bumps: int = 10,           # J temporal bumps g_j(t) of the readout
                  variant: str = 'paper'):     # 'paper' | 'reference' (the public code's choices)
         super().__init__(diffusion, tuple(image_shape))
         self._check_config(pathway, variant, n_scales, n_bumps, layers_1x1, dict(
@@ -153,7 +153,7 @@ def _build_dense(self: ImageReverse, hidden, layers, channels, act):
 # %% ../nbs/10_image_network.ipynb #db2fbb09
 @patch
 def _build_head(self: ImageReverse, n_feat, hidden_1x1, layers_1x1, act):
-    "1x1 layers (eq-net-1x1), readout and temporal bumps (eq-net-readout)."
+    "1x1 layers (eq-net-1x1), readout (eq-net-readout) and temporal bumps (eq-rev-bumps)."
     C, layers = self.event_shape[0], []
     for _ in range(layers_1x1):                                  # eq-net-1x1
         layers += [nn.Conv2d(n_feat, hidden_1x1, 1), act()]; n_feat = hidden_1x1
