@@ -397,6 +397,7 @@ def _h_clamp(prior_prec, prior_lin, H, y, generator):
     "The last step under a mask ($S_0 = 0$): a draw of the prior, clamped (eq-post-delta)."
     prec = torch.diagonal(prior_prec)
     z = torch.randn(prior_lin.shape, generator=generator, dtype=prior_lin.dtype)
+    # $\mathbf x = \boldsymbol\eta/\lambda + \mathbf z/\sqrt\lambda$, prior precision $\lambda$
     x = prior_lin / prec + z / prec.sqrt()
     x[:, H.argmax(1)] = y
     return x
