@@ -9,6 +9,7 @@ import math
 import torch
 from torch import nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 from .diffusion import per_step
 from .reverse import ReverseModel, TemporalBumps, gaussian_kernel, VAR_MIN
 
@@ -28,9 +29,12 @@ def check_divisible(height: int, width: int, n_scales: int):
         raise ValueError(f"dpm: image height and width must be divisible by 2**(n_scales-1) = {f}"
                          f" for n_scales={n_scales}; got {height}x{width}")
 
+# %% ../nbs/10_image_network.ipynb #fb1ba645
 class MultiScaleConv(nn.Module):
     "Mean-pool to 2^0..2^(S-1), conv per scale, nearest upsampling, sum, softplus (eq-net-msconv)."
-    def __init__(self, c_in: int, c_out: int,
+    def __init__(self,
+                 c_in: int,                 # input channels
+                 c_out: int,                # output channels, at every scale
                  kernel_size: int = 3,      # k, odd: 'same' zero padding at every scale
                  n_scales: int = 4,         # S: pooling factors 1, 2, .., 2^(S-1)
                  variant: str = 'paper'):   # 'reference': leaky ReLU per scale, mean over scales
@@ -49,31 +53,39 @@ class MultiScaleConv(nn.Module):
                              f"got {tuple(x.shape)}")
         check_divisible(x.shape[2], x.shape[3], self.n_scales)
 
-    def _sum_scales(self, x, per_scale):
-        out = 0
-        for s in reversed(range(self.n_scales)):       # coarse to fine, upsampling by 2 each time
-            h = self.convs[s](F.avg_pool2d(x, 2 ** s) if s else x)      # K_s P_s x
-            out = out + per_scale(h)
-            if s: out = F.interpolate(out, scale_factor=2, mode='nearest')   # U, nearest, x2
-        return out
+# %% ../nbs/10_image_network.ipynb #e29a88d5
+@patch
+def _sum_scales(self: MultiScaleConv, x, per_scale):
+    "sum_s U_s per_scale(K_s P_s x), from the coarsest scale down (eq-net-msconv)."
+    out = 0
+    for s in reversed(range(self.n_scales)):       # coarse to fine, upsampling by 2 each time
+        # $\mathcal K_s\,\mathcal P_{2^s}\,\mathbf x$
+        h = self.convs[s](F.avg_pool2d(x, 2 ** s) if s else x)
+        out = out + per_scale(h)
+        # $\mathcal U_2$ (nearest, by 2): $\mathcal U_{2^s} = \mathcal U_2^{\,s}$
+        if s: out = F.interpolate(out, scale_factor=2, mode='nearest')
+    return out
 
-    def linear(self, x):
-        "The three linear steps only: sum_s U_s K_s P_s x (eq-net-msconv without the softplus)."
-        self._check(x)
-        return self._sum_scales(x, lambda h: h)
+@patch
+def linear(self: MultiScaleConv, x):
+    "The three linear steps only: sum_s U_s K_s P_s x (eq-net-msconv without the softplus)."
+    self._check(x)
+    return self._sum_scales(x, lambda h: h)
 
-    def forward(self, x):
-        "x: (B, c_in, H, W) -> (B, c_out, H, W)."
-        self._check(x)
-        if self.variant == 'paper': return F.softplus(self._sum_scales(x, lambda h: h))
-        return self._sum_scales(x, lambda h: F.leaky_relu(h, LEAK)) / self.n_scales
+@patch
+def forward(self: MultiScaleConv, x):
+    "x: (B, c_in, H, W) -> (B, c_out, H, W) (eq-net-msconv)."
+    self._check(x)
+    # $\operatorname{softplus}(\sum_s \mathcal U_{f_s}\mathcal K_s\mathcal P_{f_s}\mathbf x)$
+    if self.variant == 'paper': return F.softplus(self._sum_scales(x, lambda h: h))
+    return self._sum_scales(x, lambda h: F.leaky_relu(h, LEAK)) / self.n_scales
 
 # %% ../nbs/10_image_network.ipynb #978c8120
-PATHWAYS = ('conv', 'dense', 'both')
-
 class ImageReverse(ReverseModel):
     "Image reverse model (App. D.2): multi-scale conv and/or dense pathway, 1x1 layers, bumps."
-    def __init__(self, diffusion, image_shape,      # image_shape: (C, H, W)
+    def __init__(self,
+                 diffusion,                   # the GaussianDiffusion to reverse
+                 image_shape,                 # (C, H, W)
                  pathway: str = 'conv',       # 'conv' (dead leaves, bark), 'dense' (MNIST), 'both'
                  n_scales: int = 4,           # S of each multi-scale layer
                  conv_channels: int = 64,     # channels of the multi-scale layers
@@ -84,88 +96,127 @@ class ImageReverse(ReverseModel):
                  dense_channels: int = 5,     # its output, reshaped to this many channels per pixel
                  hidden_1x1: int = 64,        # width of the per-pixel (1x1) layers
                  layers_1x1: int = 2,         # number of 1x1 tanh layers before the readout
-                 n_bumps: int = 10,           # J temporal bumps (eq-rev-bumps)
+                 n_bumps: int = 10,           # J temporal bumps g_j(t) of the readout
                  variant: str = 'paper'):     # 'paper' | 'reference' (the public code's choices)
         super().__init__(diffusion, tuple(image_shape))
-        if not self.gaussian: raise ValueError("dpm: ImageReverse is for Gaussian diffusion")
-        if len(self.event_shape) != 3:
-            raise ValueError(f"dpm: image_shape must be (C, H, W), got {tuple(image_shape)}")
-        if pathway not in PATHWAYS:
-            raise ValueError(f"pathway must be one of {PATHWAYS}, got {pathway!r}")
-        C, H, W = self.event_shape
-        self.variant, self.pathway, self.J = _check_variant(variant), pathway, int(n_bumps)
-        self.use_conv, self.use_dense = pathway in ('conv', 'both'), pathway in ('dense', 'both')
-        if self.use_conv: check_divisible(H, W, n_scales)
-        for name, v in dict(conv_layers=conv_layers, conv_channels=conv_channels,
-                            dense_layers=dense_layers, dense_hidden=dense_hidden,
-                            dense_channels=dense_channels, hidden_1x1=hidden_1x1).items():
-            if v < 1: raise ValueError(f"{name} must be positive, got {v}")
-        if layers_1x1 < 0: raise ValueError(f"layers_1x1 must be non-negative, got {layers_1x1}")
+        self._check_config(pathway, variant, n_scales, n_bumps, layers_1x1, dict(
+            conv_layers=conv_layers, conv_channels=conv_channels, dense_layers=dense_layers,
+            dense_hidden=dense_hidden, dense_channels=dense_channels, hidden_1x1=hidden_1x1))
         act = nn.Tanh if variant == 'paper' else (lambda: nn.LeakyReLU(LEAK))
         n_feat = 0
-        if self.use_conv:                                            # eq-net-msconv, stacked
-            chans = [C] + [conv_channels] * conv_layers
-            self.conv = nn.Sequential(*[MultiScaleConv(a, b, kernel_size, n_scales, variant)
-                                        for a, b in zip(chans[:-1], chans[1:])])
-            n_feat += conv_channels
-        if self.use_dense:                                           # eq-net-dense
-            sizes = [C * H * W] + [dense_hidden] * (dense_layers - 1) + [dense_channels * H * W]
-            layers = []
-            for a, b in zip(sizes[:-1], sizes[1:]): layers += [nn.Linear(a, b), act()]
-            self.dense = nn.Sequential(*layers)
-            n_feat += dense_channels
-        self.n_conv, self.dense_channels = conv_channels, dense_channels
-        layers = []
-        for _ in range(layers_1x1):                                  # eq-net-1x1
-            layers += [nn.Conv2d(n_feat, hidden_1x1, 1), act()]; n_feat = hidden_1x1
-        self.mlp_1x1 = nn.Sequential(*layers)
-        self.readout = nn.Conv2d(n_feat, 2 * C * self.J, 1)          # y in R^{2J} per pixel, colour
-        with torch.no_grad(): self.readout.weight.mul_(0.1)          # start near the forward kernel
-        width = 1.0 if variant == 'paper' else 0.5                   # reference: half the spacing
-        self.bumps = TemporalBumps(self.T, self.J, width=width)
-
-    def _check_images(self, x):
-        C, H, W = self.event_shape
-        if x.ndim != 4:
-            raise ValueError(f"dpm: expected images (B, {C}, {H}, {W}), got {tuple(x.shape)}")
-        if x.shape[1] != C:
-            raise ValueError(f"dpm: channel mismatch: the model has {C} channel(s), the images "
-                             f"{x.shape[1]} (shape {tuple(x.shape)}; channels come first, NCHW)")
-        if tuple(x.shape[2:]) != (H, W):
-            raise ValueError(f"dpm: expected images of {H}x{W} pixels, got {tuple(x.shape)}")
-
-    def features(self, x):
-        "Lower layers: (B, C, H, W) -> (B, n_feat, H, W), conv and dense pathways side by side."
-        parts, scale = [], self.variant == 'reference' and self.pathway == 'both'
         if self.use_conv:
-            h = self.conv(x)
-            parts.append(h / math.sqrt(self.n_conv) if scale else h)
+            n_feat += self._build_conv(conv_channels, conv_layers, kernel_size, n_scales)
         if self.use_dense:
-            B, (C, H, W) = x.shape[0], self.event_shape
-            h = self.dense(x.reshape(B, C * H * W)).reshape(B, self.dense_channels, H, W)
-            if x.is_contiguous(memory_format=torch.channels_last):
-                h = h.contiguous(memory_format=torch.channels_last)
-            parts.append(h / math.sqrt(self.dense_channels) if scale else h)
-        return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+            n_feat += self._build_dense(dense_hidden, dense_layers, dense_channels, act)
+        self.n_conv, self.dense_channels = conv_channels, dense_channels
+        self._build_head(n_feat, hidden_1x1, layers_1x1, act)
 
-    def raw(self, xt, t):
-        "(B, C, H, W), t (B,) -> z (B, 2, C, H, W): (z_mu, z_Sigma), float32 (eq-net-readout)."
-        self._check_images(xt)
-        B, (C, H, W) = xt.shape[0], self.event_shape
-        y = self.readout(self.mlp_1x1(self.features(xt))).reshape(B, 2, C, self.J, H, W)
-        g = self.bumps.g[t - 1].to(y.dtype)                          # (B, J): g_j(t)
-        z = torch.einsum('bkcjhw,bj->bkchw', y, g)                   # sum_j y_j g_j(t)
-        return z.to(torch.promote_types(xt.dtype, torch.float32))   # bf16 autocast -> float32
+# %% ../nbs/10_image_network.ipynb #bab648c8
+PATHWAYS = ('conv', 'dense', 'both')
 
-    def forward(self, xt, t):
-        "(mean, var) of p(x^{t-1} | x^t), each (B, C, H, W), in xt's dtype (float32 in autocast)."
-        self._check_images(xt)
-        if self.variant == 'paper': return super().forward(xt, t)
-        t = self.check_input(xt, t)
-        z = self.raw(xt, t)
-        beta = per_step(self.diffusion.betas, t - 1, z[:, 0])          # beta_t, (B, 1, 1, 1)
-        var = torch.sigmoid(z[:, 1] / math.sqrt(self.T) + torch.logit(beta)).clamp(min=VAR_MIN)
-        return xt * (1 - beta).sqrt() + z[:, 0] * beta.sqrt(), var      # eq-net-ref-kernel
+@patch
+def _check_config(self: ImageReverse, pathway, variant, n_scales, n_bumps, layers_1x1, sizes):
+    "Validate the configuration (sizes: name -> value, each >= 1); set the pathway flags."
+    if not self.gaussian: raise ValueError("dpm: ImageReverse is for Gaussian diffusion")
+    if len(self.event_shape) != 3:
+        raise ValueError(f"dpm: image_shape must be (C, H, W), got {self.event_shape}")
+    if pathway not in PATHWAYS:
+        raise ValueError(f"pathway must be one of {PATHWAYS}, got {pathway!r}")
+    C, H, W = self.event_shape
+    self.variant, self.pathway, self.J = _check_variant(variant), pathway, int(n_bumps)
+    self.use_conv, self.use_dense = pathway in ('conv', 'both'), pathway in ('dense', 'both')
+    if self.use_conv: check_divisible(H, W, n_scales)
+    for name, v in sizes.items():
+        if v < 1: raise ValueError(f"{name} must be positive, got {v}")
+    if layers_1x1 < 0: raise ValueError(f"layers_1x1 must be non-negative, got {layers_1x1}")
+
+# %% ../nbs/10_image_network.ipynb #33c059ce
+@patch
+def _build_conv(self: ImageReverse, channels, layers, kernel_size, n_scales):
+    "`layers` multi-scale layers (eq-net-msconv), stacked: C -> channels -> .. -> channels."
+    chans = [self.event_shape[0]] + [channels] * layers
+    self.conv = nn.Sequential(*[MultiScaleConv(a, b, kernel_size, n_scales, self.variant)
+                                for a, b in zip(chans[:-1], chans[1:])])
+    return channels
+
+@patch
+def _build_dense(self: ImageReverse, hidden, layers, channels, act):
+    "The dense pathway (eq-net-dense): the whole image to `channels` features per pixel."
+    C, H, W = self.event_shape
+    # $CHW \to$ hidden $\to \dots \to c_d HW$ numbers
+    sizes = [C * H * W] + [hidden] * (layers - 1) + [channels * H * W]
+    modules = []
+    for a, b in zip(sizes[:-1], sizes[1:]): modules += [nn.Linear(a, b), act()]
+    self.dense = nn.Sequential(*modules)
+    return channels
+
+# %% ../nbs/10_image_network.ipynb #db2fbb09
+@patch
+def _build_head(self: ImageReverse, n_feat, hidden_1x1, layers_1x1, act):
+    "1x1 layers (eq-net-1x1), readout (eq-net-readout) and temporal bumps (eq-rev-bumps)."
+    C, layers = self.event_shape[0], []
+    for _ in range(layers_1x1):                                  # eq-net-1x1
+        layers += [nn.Conv2d(n_feat, hidden_1x1, 1), act()]; n_feat = hidden_1x1
+    self.mlp_1x1 = nn.Sequential(*layers)
+    self.readout = nn.Conv2d(n_feat, 2 * C * self.J, 1)          # y in R^{2J} per pixel, colour
+    with torch.no_grad(): self.readout.weight.mul_(0.1)          # start near the forward kernel
+    width = 1.0 if self.variant == 'paper' else 0.5              # reference: half the spacing
+    self.bumps = TemporalBumps(self.T, self.J, width=width)
+
+# %% ../nbs/10_image_network.ipynb #07801958
+@patch
+def _check_images(self: ImageReverse, x):
+    C, H, W = self.event_shape
+    if x.ndim != 4:
+        raise ValueError(f"dpm: expected images (B, {C}, {H}, {W}), got {tuple(x.shape)}")
+    if x.shape[1] != C:
+        raise ValueError(f"dpm: channel mismatch: the model has {C} channel(s), the images "
+                         f"{x.shape[1]} (shape {tuple(x.shape)}; channels come first, NCHW)")
+    if tuple(x.shape[2:]) != (H, W):
+        raise ValueError(f"dpm: expected images of {H}x{W} pixels, got {tuple(x.shape)}")
+
+@patch
+def features(self: ImageReverse, x):
+    "Lower layers: (B, C, H, W) -> (B, n_feat, H, W) (eq-net-msconv, eq-net-dense), side by side."
+    parts, scale = [], self.variant == 'reference' and self.pathway == 'both'
+    if self.use_conv:
+        h = self.conv(x)
+        parts.append(h / math.sqrt(self.n_conv) if scale else h)
+    if self.use_dense:
+        B, (C, H, W) = x.shape[0], self.event_shape
+        h = self.dense(x.reshape(B, C * H * W)).reshape(B, self.dense_channels, H, W)
+        if x.is_contiguous(memory_format=torch.channels_last):
+            h = h.contiguous(memory_format=torch.channels_last)
+        parts.append(h / math.sqrt(self.dense_channels) if scale else h)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
+
+# %% ../nbs/10_image_network.ipynb #9a8bd921
+@patch
+def raw(self: ImageReverse, xt, t):
+    "(B, C, H, W), t (B,) -> z (B, 2, C, H, W): (z_mu, z_Sigma), float32 (eq-net-readout)."
+    self._check_images(xt)
+    B, (C, H, W) = xt.shape[0], self.event_shape
+    # $\mathbf y_{ic} = \mathbf R\,\mathbf h_{L_1}[i] + \mathbf r$ after the 1x1 layers eq-net-1x1
+    y = self.readout(self.mlp_1x1(self.features(xt))).reshape(B, 2, C, self.J, H, W)
+    g = self.bumps.g[t - 1].to(y.dtype)                          # (B, J): g_j(t)
+    # $z_{ic} = \sum_j y_{icj}\,g_j(t)$
+    z = torch.einsum('bkcjhw,bj->bkchw', y, g)
+    return z.to(torch.promote_types(xt.dtype, torch.float32))   # bf16 autocast -> float32
+
+# %% ../nbs/10_image_network.ipynb #e6211f08
+@patch
+def forward(self: ImageReverse, xt, t):
+    """(mean, var) of p(x^{t-1} | x^t), each (B, C, H, W), in xt's dtype (float32 in autocast):
+    the kernel eq-rev-gauss, or eq-net-ref-kernel for variant='reference'."""
+    self._check_images(xt)
+    if self.variant == 'paper': return super(ImageReverse, self).forward(xt, t)
+    t = self.check_input(xt, t)
+    z = self.raw(xt, t)
+    beta = per_step(self.diffusion.betas, t - 1, z[:, 0])          # beta_t, (B, 1, 1, 1)
+    # $\Sigma = \sigma\big(z_\Sigma/\sqrt T + \operatorname{logit}\beta_t\big)$
+    var = torch.sigmoid(z[:, 1] / math.sqrt(self.T) + torch.logit(beta)).clamp(min=VAR_MIN)
+    # $\mu = \mathbf x^{(t)}\sqrt{1-\beta_t} + z_\mu\sqrt{\beta_t}$
+    return xt * (1 - beta).sqrt() + z[:, 0] * beta.sqrt(), var
 
 # %% ../nbs/10_image_network.ipynb #7f673505
 IMAGE_CONFIGS = {                  # keyword arguments of ImageReverse for the image experiments

@@ -9,6 +9,7 @@ __all__ = ['r_weights', 'Observation', 'GaussianObservation', 'Mask', 'BitProbab
 import math
 import torch
 from torch import nn
+from fastcore.basics import patch
 from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion
 from .bound import reverse_step, _draw
 
@@ -17,8 +18,8 @@ def r_weights(schedule, T: int, device=None) -> torch.Tensor:
     "Exponents $w_s$, s = 0..T, of $r_s = r^{w_s}$: 'constant' or 'annealed' (eq-post-schedules)."
     s = torch.arange(T + 1, dtype=torch.float64, device=device)
     if isinstance(schedule, str):
-        if schedule == 'constant': return torch.ones_like(s)               # w_s = 1
-        if schedule == 'annealed': return (T - s) / T                      # w_s = (T - s) / T
+        if schedule == 'constant': return torch.ones_like(s)               # $w_s = 1$
+        if schedule == 'annealed': return (T - s) / T                      # $w_s = (T-s)/T$
         raise ValueError("schedule must be 'constant', 'annealed' or a tensor of T+1 weights, "
                          f"got {schedule!r}")
     w = torch.as_tensor(schedule, dtype=torch.float64, device=device)
@@ -31,12 +32,14 @@ def r_weights(schedule, T: int, device=None) -> torch.Tensor:
 
 # %% ../nbs/09_posterior.ipynb #008763c3
 def _as_tensor(v, name, allow_nan=False):
+    "`v` as a floating tensor (integers become float64); NaN refused unless `allow_nan`."
     if not isinstance(v, torch.Tensor): v = torch.as_tensor(v)
     if not v.is_floating_point(): v = v.double()
     if not allow_nan and torch.isnan(v).any(): raise ValueError(f"{name} contains NaN")
     return v
 
 def _check_mask(mask, y):
+    "`mask` as a boolean tensor of y's shape (0/1 accepted)."
     mask = torch.as_tensor(mask)
     if mask.dtype != torch.bool:
         if ((mask != 0) & (mask != 1)).any(): raise ValueError("mask must be boolean or 0/1")
@@ -46,9 +49,13 @@ def _check_mask(mask, y):
                          f"but the observation has shape {tuple(y.shape)}")
     return mask
 
+# %% ../nbs/09_posterior.ipynb #669bd5ec
 class Observation:
-    "A factor $r(x)$ multiplied into the model; `perturb` multiplies $r^w$ into one kernel."
-    def __init__(self, y, mask=None):
+    """A factor $r(x)$ of the target (eq-post-target); `perturb(d, params, w)` returns the
+    normalised product of one kernel and $r^w$ (eq-post-kernel-norm)."""
+    def __init__(self,
+                 y,              # the observation: one sample's shape (...) or the batch's (n, ...)
+                 mask=None):     # boolean, y's shape: the observed entries (None: all of them)
         y = _as_tensor(y, 'the observation', allow_nan=mask is not None)
         self.mask = None if mask is None else _check_mask(mask, y)
         if self.mask is not None:                    # unobserved entries are ignored (NaN allowed)
@@ -64,20 +71,27 @@ class Observation:
             raise ValueError(f"observation has shape {tuple(self.y.shape)}; "
                              f"expected {tuple(like.shape)} or {tuple(like.shape[1:])}")
 
-    def _on(self, like, v=None):
-        "Observation (or `v`) moved to like's device and dtype, broadcast to like's shape."
-        v = self.y if v is None else v
-        dtype = like.dtype if v.is_floating_point() else v.dtype
-        return v.to(device=like.device, dtype=dtype).expand_as(like)
+# %% ../nbs/09_posterior.ipynb #0c7bf4cf
+@patch
+def _on(self: Observation, like, v=None):
+    "Observation (or `v`) moved to like's device and dtype, broadcast to like's shape."
+    v = self.y if v is None else v
+    dtype = like.dtype if v.is_floating_point() else v.dtype
+    return v.to(device=like.device, dtype=dtype).expand_as(like)
 
-    def _observed(self, like):
-        if self.mask is None: return torch.ones_like(like, dtype=torch.bool)
-        return self._on(like, self.mask)
+@patch
+def _observed(self: Observation, like):
+    "Boolean, like's shape: True where the observation counts."
+    if self.mask is None: return torch.ones_like(like, dtype=torch.bool)
+    return self._on(like, self.mask)
 
 # %% ../nbs/09_posterior.ipynb #4abe64b9
 class GaussianObservation(Observation):
     "$r(x) = N(y; x, \\sigma^2)$ on observed coordinates; exact product (eq-post-gauss-product)."
-    def __init__(self, y, var, mask=None):
+    def __init__(self,
+                 y,              # observed values, (...) or (n, ...)
+                 var,            # noise variance sigma^2 > 0, broadcast to y
+                 mask=None):     # boolean, y's shape: the observed coordinates (None: all)
         super().__init__(y, mask)
         var = _as_tensor(var, 'the observation variance')
         if not torch.isfinite(var).all() or (var <= 0).any():
@@ -91,23 +105,32 @@ class GaussianObservation(Observation):
     def log_r(self, x):
         "$\\log r(x)$ per example (observed coordinates only)."
         y, v, m = self._on(x), self._on(x, self.var.expand_as(self.y)), self._observed(x)
+        # $\log\mathcal N(y; x, \sigma^2)$ per coordinate
         terms = -0.5 * (math.log(2 * math.pi) + v.log() + (x - y) ** 2 / v)
         return torch.where(m, terms, torch.zeros_like(terms)).flatten(1).sum(1)
 
-    def perturb(self, d, params, w: float):
-        if not isinstance(d, GaussianDiffusion):
-            raise TypeError("a Gaussian observation needs a GaussianDiffusion")
-        mean, var = params
-        if w == 0: return mean, var
-        sigma2 = self._on(mean, self.var.expand_as(self.y))
-        prec = torch.where(self._observed(mean), w / sigma2, torch.zeros_like(mean))   # w / sigma^2
-        new_var = var / (1 + var * prec)                             # (1/Sigma + w/sigma^2)^-1
-        return new_var * (mean / var + prec * self._on(mean)), new_var
+# %% ../nbs/09_posterior.ipynb #9d04eb26
+@patch
+def perturb(self: GaussianObservation, d, params, w: float):
+    "N(mean, var) times $r^w$, normalised: the exact product (eq-post-gauss-product)."
+    if not isinstance(d, GaussianDiffusion):
+        raise TypeError("a Gaussian observation needs a GaussianDiffusion")
+    mean, var = params
+    if w == 0: return mean, var
+    sigma2 = self._on(mean, self.var.expand_as(self.y))
+    # $\lambda = w/\sigma^2$ on observed coordinates, 0 elsewhere
+    prec = torch.where(self._observed(mean), w / sigma2, torch.zeros_like(mean))
+    # $\tilde\Sigma = (1/\Sigma + \lambda)^{-1}$
+    new_var = var / (1 + var * prec)
+    # $\tilde\mu = \tilde\Sigma\,(\mu/\Sigma + \lambda y)$
+    return new_var * (mean / var + prec * self._on(mean)), new_var
 
 # %% ../nbs/09_posterior.ipynb #0ace8871
 class Mask(Observation):
     "$r$ a delta where `mask` is true (inpainting): exact clamp (eq-post-delta), both diffusions."
-    def __init__(self, y, mask):
+    def __init__(self,
+                 y,              # values of the observed entries, (...) or (n, ...)
+                 mask):          # boolean, y's shape: True where observed (clamped)
         if mask is None: raise ValueError("Mask needs a mask")
         super().__init__(y, mask)
 
@@ -118,27 +141,32 @@ class Mask(Observation):
             raise ValueError("observed bits must be 0 or 1")
 
     def perturb(self, d, params, w: float):
+        "Clamp the observed entries: the kernel times the delta (eq-post-delta)."
         if w == 0: return params
-        if isinstance(params, tuple):
+        if isinstance(params, tuple):                 # Gaussian: mean y, variance 0 if observed
             mean, var = params
             m = self._observed(mean)
             return torch.where(m, self._on(mean), mean), torch.where(m, torch.zeros_like(var), var)
-        return torch.where(self._observed(params), self._on(params), params)
+        return torch.where(self._observed(params), self._on(params), params)     # bits: set to y
 
 # %% ../nbs/09_posterior.ipynb #62a9ec59
 class BitProbabilities(Observation):
     "Per-bit $r(x_i = 1) = d_i$ (binomial diffusion): corrected perturbed kernel (eq-post-binom)."
-    def __init__(self, probs):
+    def __init__(self,
+                 probs):         # d_i = r(x_i = 1) in [0, 1], (...) or (n, ...)
         super().__init__(probs)
         if ((self.y < 0) | (self.y > 1)).any():
             raise ValueError("bit probabilities must lie in [0, 1]")
 
     def perturb(self, d, prob, w: float):
+        "Bernoulli(prob) times $r^w$ per bit, normalised (eq-post-binom)."
         if not isinstance(d, BinomialDiffusion):
             raise TypeError("bit probabilities need a BinomialDiffusion")
         if w == 0: return prob
         r1 = self._on(prob)
-        r1, r0 = r1 ** w, (1 - r1) ** w                         # r^w, per value of the bit
+        # $r(x_i{=}1)^w = d_i^w$, $r(x_i{=}0)^w = (1-d_i)^w$
+        r1, r0 = r1 ** w, (1 - r1) ** w
+        # $c_i d_i$ and $c_i d_i + (1-c_i)(1-d_i)$
         num, den = prob * r1, prob * r1 + (1 - prob) * r0
         product = num / den.clamp_min(torch.finfo(den.dtype).tiny)    # eq-post-binom
         return torch.where(den > 0, product, r1 / (r1 + r0))       # opposite certainties: follow r
@@ -147,7 +175,8 @@ class BitProbabilities(Observation):
 class LogDensity(Observation):
     """A differentiable $\\log r(x)$ (per example): Gaussian mean shift (eq-post-mean-shift),
     binomial flip-rate shift (eq-post-binom-shift)."""
-    def __init__(self, log_r):
+    def __init__(self,
+                 log_r):         # callable: x (n, ...) -> log r(x), shape (n,)
         if not callable(log_r):
             raise TypeError("log_r must be a callable x -> log r(x) per example")
         self.log_r, self.mask = log_r, None
@@ -166,14 +195,20 @@ class LogDensity(Observation):
         if not torch.isfinite(g).all(): raise ValueError("the gradient of log r is NaN or inf")
         return g
 
-    def perturb(self, d, params, w: float):
-        if w == 0: return params
-        if isinstance(d, BinomialDiffusion):
-            c = params
-            d1 = torch.sigmoid(w * self.grad(c))               # r(x_i = 1) of the linearised log r
-            return c * d1 / (c * d1 + (1 - c) * (1 - d1))
-        mean, var = params
-        return mean + w * var * self.grad(mean), var              # mu + Sigma grad log r^w
+# %% ../nbs/09_posterior.ipynb #69f557b1
+@patch
+def perturb(self: LogDensity, d, params, w: float):
+    "Mean shift (eq-post-mean-shift) or, for bits, flip-rate shift (eq-post-binom-shift) by $r^w$."
+    if w == 0: return params
+    if isinstance(d, BinomialDiffusion):
+        c = params
+        # $d_i = \operatorname{sigmoid}(w\,g_i)$, $\mathbf g = \nabla\log r(\mathbf c)$
+        d1 = torch.sigmoid(w * self.grad(c))
+        # $c_i d_i / (c_i d_i + (1-c_i)(1-d_i))$
+        return c * d1 / (c * d1 + (1 - c) * (1 - d1))
+    mean, var = params
+    # $\boldsymbol\mu + \Sigma\,\nabla\log r^w(\boldsymbol\mu)$
+    return mean + w * var * self.grad(mean), var
 
 # %% ../nbs/09_posterior.ipynb #8a51f2a3
 def _check_steps(d: Diffusion, reverse):
@@ -182,11 +217,8 @@ def _check_steps(d: Diffusion, reverse):
     if isinstance(T_model, int) and T_model != d.T:
         raise ValueError(f"the reverse model has {T_model} steps but the diffusion has {d.T}")
 
-@torch.no_grad()
-def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='constant', device=None,
-                     dtype=None, generator=None, return_trajectory: bool = False):
-    """Samples of $\\tilde p(x_0) \\propto p(x_0) r(x_0)$ by the paper's recipe: normalised
-    perturbed kernels (eq-post-kernel-norm)."""
+def _posterior_batch(d: Diffusion, reverse, r, shape, device, dtype):
+    "Check `sample_posterior`'s arguments; a zero batch of the samples' shape, device and dtype."
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2 or min(shape) < 1:
         raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
@@ -199,15 +231,27 @@ def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='con
     device = torch.device(device) if device is not None else d.betas.device
     like = torch.zeros(shape, device=device, dtype=dtype)
     r.check(d, like)
+    return like
+
+# %% ../nbs/09_posterior.ipynb #1f7b5ba1
+@torch.no_grad()
+def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='constant', device=None,
+                     dtype=None, generator=None, return_trajectory: bool = False):
+    """Samples of $\\tilde p(x_0) \\propto p(x_0) r(x_0)$ by the paper's recipe: normalised
+    perturbed kernels (eq-post-kernel-norm) with $r_t = r^{w_t}$ (eq-post-schedules)."""
+    like = _posterior_batch(d, reverse, r, shape, device, dtype)
     w = r_weights(schedule, d.T).tolist()
+    # $\tilde p(x_T) \propto \pi(x_T)\,r(x_T)^{w_T}$
     x = _draw(d, r.perturb(d, d.stationary(like), w[d.T]), generator)       # eq-post-start
     trajectory = [x]
     for t in range(d.T, 0, -1):
-        ts = torch.full((shape[0],), t, dtype=torch.long, device=device)
+        ts = torch.full((like.shape[0],), t, dtype=torch.long, device=like.device)
+        # $\tilde p(x_{t-1} \mid x_t) \propto p(x_{t-1} \mid x_t)\,r(x_{t-1})^{w_{t-1}}$
         x = _draw(d, r.perturb(d, reverse_step(d, reverse, x, ts), w[t - 1]), generator)
         if return_trajectory: trajectory.append(x)
     return torch.stack(trajectory[::-1], 1) if return_trajectory else x
 
+# %% ../nbs/09_posterior.ipynb #28cdb831
 def _float(x):
     "The dtype samples of observations `x` are drawn in: x's own if floating, else the default."
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
@@ -233,7 +277,9 @@ Diffusion.sample_posterior = sample_posterior
 class LinearGaussianReverse(nn.Module):
     """Reverse model $p(x_{t-1}|x_t) = N(A_t x_t, \\mathrm{diag}\\,v_t)$ for vectors (batch, D);
     rows t = 1..T of A (T+1, D, D) and v (T+1, D) (row 0 unused)."""
-    def __init__(self, A, v):
+    def __init__(self,
+                 A,              # (T+1, D, D): the means A_t x_t, t = 1..T (row 0 unused)
+                 v):             # (T+1, D): the diagonal variances v_t > 0
         super().__init__()
         A, v = torch.as_tensor(A), torch.as_tensor(v)
         if A.ndim != 3 or A.shape[1] != A.shape[2] or v.shape != A.shape[:2]:
@@ -251,45 +297,55 @@ class LinearGaussianReverse(nn.Module):
             raise ValueError(f"the reverse model has {self.T} steps but the diffusion has {d.T}")
 
     def forward(self, xt, t):
+        "(mean, var) of step t: $A_t x_t$ and $v_t$."
         if (t < 1).any() or (t > self.T).any():
             raise ValueError(f"time steps must lie in 1..{self.T}, got {t.min()}..{t.max()}")
         mean = torch.einsum('bij,bj->bi', self.A[t].to(xt.dtype), xt)
         return mean, self.v[t].to(xt.dtype)
 
-    @classmethod
-    def for_gaussian_data(cls, d: GaussianDiffusion, Sigma):
-        """Exact reverse means of data $N(0, \\Sigma)$ under d, with the diagonal of the exact
-        reverse covariances."""
-        Sigma = torch.as_tensor(Sigma, dtype=torch.float64)
-        D, eye = Sigma.shape[0], torch.eye(Sigma.shape[0], dtype=torch.float64)
-        beta, alpha_bar = d.betas.detach().double().cpu(), d.alphas_bar().detach().double().cpu()
-        A = torch.zeros(d.T + 1, D, D, dtype=torch.float64)
-        v = torch.ones(d.T + 1, D, dtype=torch.float64)
-        for t in range(1, d.T + 1):
-            P_prev = alpha_bar[t - 1] * Sigma + (1 - alpha_bar[t - 1]) * eye   # cov of x_{t-1}
-            P_t = (1 - beta[t - 1]) * P_prev + beta[t - 1] * eye               # cov of x_t
-            gain = (1 - beta[t - 1]).sqrt() * P_prev @ torch.linalg.inv(P_t)
-            A[t] = gain
-            v[t] = torch.diagonal(P_prev - (1 - beta[t - 1]).sqrt() * gain @ P_prev)
-        return cls(A, v)
+# %% ../nbs/09_posterior.ipynb #2c59b431
+@patch(cls_method=True)
+def for_gaussian_data(cls: LinearGaussianReverse, d: GaussianDiffusion, Sigma):
+    """Exact reverse means of data $N(0, \\Sigma)$ under d (eq-gauss-marginal, eq-gauss-kernel),
+    with the diagonal of the exact reverse covariances."""
+    Sigma = torch.as_tensor(Sigma, dtype=torch.float64)
+    D, eye = Sigma.shape[0], torch.eye(Sigma.shape[0], dtype=torch.float64)
+    beta, alpha_bar = d.betas.detach().double().cpu(), d.alphas_bar().detach().double().cpu()
+    A = torch.zeros(d.T + 1, D, D, dtype=torch.float64)
+    v = torch.ones(d.T + 1, D, dtype=torch.float64)
+    for t in range(1, d.T + 1):
+        # $P_{t-1} = \bar\alpha_{t-1}\Sigma + (1-\bar\alpha_{t-1})\mathbf I$, cov. of $x_{t-1}$
+        P_prev = alpha_bar[t - 1] * Sigma + (1 - alpha_bar[t - 1]) * eye
+        # $P_t = (1-\beta_t)P_{t-1} + \beta_t\mathbf I$, cov. of $x_t$
+        P_t = (1 - beta[t - 1]) * P_prev + beta[t - 1] * eye
+        # $A_t = \sqrt{1-\beta_t}\,P_{t-1}P_t^{-1}$
+        gain = (1 - beta[t - 1]).sqrt() * P_prev @ torch.linalg.inv(P_t)
+        A[t] = gain
+        # $v_t = \mathrm{diag}\big(P_{t-1} - \sqrt{1-\beta_t}\,A_tP_{t-1}\big)$
+        v[t] = torch.diagonal(P_prev - (1 - beta[t - 1]).sqrt() * gain @ P_prev)
+    return cls(A, v)
 
-    def steps(self, d: GaussianDiffusion):
-        """(A_t, v_t) for t = 1..T exactly as sampled by `reverse_step`: the model for t >= 2,
-        $T_\\pi$ at t = 1 (index 0 unused)."""
-        self.check(d)
-        A, v = self.A.clone(), self.v.clone()
-        b1 = float(d.betas[0])
-        A[1] = math.sqrt(1 - b1) * torch.eye(A.shape[1], dtype=A.dtype)  # T_pi(x0 | x1; beta_1)
-        v[1] = torch.full_like(v[1], b1)
-        return A, v
+# %% ../nbs/09_posterior.ipynb #fbf6bb84
+@patch
+def steps(self: LinearGaussianReverse, d: GaussianDiffusion):
+    """(A_t, v_t) for t = 1..T exactly as sampled by `reverse_step`: the model for t >= 2,
+    $T_\\pi$ at t = 1 (eq-first-step; index 0 unused)."""
+    self.check(d)
+    A, v = self.A.clone(), self.v.clone()
+    beta_1 = float(d.betas[0])
+    # $T_\pi(x_0 \mid x_1; \beta_1) = \mathcal N(\sqrt{1-\beta_1}\,x_1,\ \beta_1)$
+    A[1] = math.sqrt(1 - beta_1) * torch.eye(A.shape[1], dtype=A.dtype)
+    v[1] = torch.full_like(v[1], beta_1)
+    return A, v
 
-    def marginal_covariances(self, d: GaussianDiffusion):
-        """Covariances $P_t$ of the model's $p(x_t)$, t = 0..T, from $P_T = I$ and
-        $P_{t-1} = A_t P_t A_t^T + \\mathrm{diag}\\,v_t$."""
-        A, v = self.steps(d)
-        P = [torch.eye(A.shape[1], dtype=A.dtype)]
-        for t in range(d.T, 0, -1): P.append(A[t] @ P[-1] @ A[t].T + torch.diag(v[t]))
-        return torch.stack(P[::-1])
+@patch
+def marginal_covariances(self: LinearGaussianReverse, d: GaussianDiffusion):
+    """Covariances $P_t$ of the model's $p(x_t)$, t = 0..T, from $P_T = I$ and
+    $P_{t-1} = A_t P_t A_t^T + \\mathrm{diag}\\,v_t$."""
+    A, v = self.steps(d)
+    P = [torch.eye(A.shape[1], dtype=A.dtype)]
+    for t in range(d.T, 0, -1): P.append(A[t] @ P[-1] @ A[t].T + torch.diag(v[t]))
+    return torch.stack(P[::-1])
 
 # %% ../nbs/09_posterior.ipynb #15f37e4f
 def _linear_observation(r, D):
@@ -308,12 +364,43 @@ def _linear_observation(r, D):
     return H, y[obs], var[obs]
 
 def exact_posterior(d: GaussianDiffusion, model: LinearGaussianReverse, r):
-    "Mean and covariance of $p(x_0) r(x_0) / Z$, linear Gaussian model (Gaussian conditioning)."
+    "Mean and covariance of $p(x_0) r(x_0) / Z$ (eq-post-target), linear Gaussian model."
     P0 = model.marginal_covariances(d)[0]
     H, y, R = _linear_observation(r, P0.shape[0])
+    # $S = HP_0H^\top + R$, gain $K = P_0H^\top S^{-1}$
     S = H @ P0 @ H.T + torch.diag(R)
     gain = P0 @ H.T @ torch.linalg.inv(S)
+    # $\mathcal N(K\mathbf y,\ P_0 - KHP_0)$
     return gain @ y, P0 - gain @ H @ P0
+
+# %% ../nbs/09_posterior.ipynb #e10fc00b
+def _h_likelihoods(A, v, H, R, T: int):
+    "M_s, S_s of p(y | x_s) = N(y; M_s x_s, S_s), s = 0..T (eq-post-h-recursion)."
+    M, S = [H], [torch.diag(R)]                             # $M_0 = H$, $S_0 = R$
+    for s in range(1, T + 1):
+        # $M_s = M_{s-1}A_s$, $S_s = S_{s-1} + M_{s-1}\mathrm{diag}(\mathbf v_s)M_{s-1}^\top$
+        M.append(M[-1] @ A[s]); S.append(S[-1] + M[-2] @ torch.diag(v[s]) @ M[-2].T)
+    return M, S
+
+def _h_draw(prior_prec, prior_lin, M, S, y, generator):
+    "A draw of the prior times N(y; M x, S), normalised (eq-post-h-transform)."
+    Si = torch.linalg.inv(S)
+    # precision $\Lambda + M^\top S^{-1}M$
+    prec = prior_prec + M.T @ Si @ M
+    L = torch.linalg.cholesky(prec)
+    # mean $(\Lambda + M^\top S^{-1}M)^{-1}(\boldsymbol\eta + M^\top S^{-1}\mathbf y)$
+    mean = torch.cholesky_solve((prior_lin + M.T @ Si @ y).T, L).T
+    z = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
+    return mean + torch.linalg.solve_triangular(L.T, z.T, upper=True).T
+
+def _h_clamp(prior_prec, prior_lin, H, y, generator):
+    "The last step under a mask ($S_0 = 0$): a draw of the prior, clamped (eq-post-delta)."
+    prec = torch.diagonal(prior_prec)
+    z = torch.randn(prior_lin.shape, generator=generator, dtype=prior_lin.dtype)
+    # $\mathbf x = \boldsymbol\eta/\lambda + \mathbf z/\sqrt\lambda$, prior precision $\lambda$
+    x = prior_lin / prec + z / prec.sqrt()
+    x[:, H.argmax(1)] = y
+    return x
 
 # %% ../nbs/09_posterior.ipynb #8ebbc659
 @torch.no_grad()
@@ -324,24 +411,14 @@ def h_transform_sample(d: GaussianDiffusion, model: LinearGaussianReverse, r, n:
     A, v = model.steps(d)
     D, T = A.shape[1], d.T
     H, y, R = _linear_observation(r, D)
-    M, S = [H], [torch.diag(R)]                             # p(y | x_s) = N(y; M_s x_s, S_s)
-    for s in range(1, T + 1):
-        M.append(M[-1] @ A[s]); S.append(S[-1] + M[-2] @ torch.diag(v[s]) @ M[-2].T)
+    M, S = _h_likelihoods(A, v, H, R, T)                   # p(y | x_s) = N(y; M_s x_s, S_s)
     def draw(prior_prec, prior_lin, s):                     # prior times p(y | x_s), normalised
-        if s == 0 and (R == 0).any():                       # a delta at s = 0: clamp
-            prec = torch.diagonal(prior_prec)
-            z = torch.randn(prior_lin.shape, generator=generator, dtype=prior_lin.dtype)
-            x = prior_lin / prec + z / prec.sqrt()
-            x[:, H.argmax(1)] = y
-            return x
-        Si = torch.linalg.inv(S[s])
-        prec = prior_prec + M[s].T @ Si @ M[s]
-        L = torch.linalg.cholesky(prec)
-        mean = torch.cholesky_solve((prior_lin + M[s].T @ Si @ y).T, L).T
-        z = torch.randn(mean.shape, generator=generator, dtype=mean.dtype)
-        return mean + torch.linalg.solve_triangular(L.T, z.T, upper=True).T
+        if s == 0 and (R == 0).any(): return _h_clamp(prior_prec, prior_lin, H, y, generator)
+        return _h_draw(prior_prec, prior_lin, M[s], S[s], y, generator)
+    # $\pi(x_T)\,h_T(x_T)$
     x = draw(torch.eye(D, dtype=torch.float64), torch.zeros(n, D, dtype=torch.float64), T)
     for t in range(T, 0, -1):
+        # $\mathcal N(A_t x_t, \mathrm{diag}\,v_t)\,h_{t-1}(x_{t-1})$
         x = draw(torch.diag(1 / v[t]), (x @ A[t].T) / v[t], t - 1)
     return x
 
@@ -370,6 +447,7 @@ def draw_bit_posterior(ax, d: BinomialDiffusion, reverse, observed: str, n: int 
     ax.set(title=f'observed {observed}', xlabel='bit', yticks=[0], yticklabels=['r'])
     return x
 
+# %% ../nbs/09_posterior.ipynb #db5df5b9
 def draw_2d_posterior(ax, d: GaussianDiffusion, reverse, r: Observation, n: int = 500,
                       schedule='constant', seed: int = 0, reference=None, lim: float = 2.4):
     """Draw n posterior samples of a 2-D model given the factor `r` (sample_posterior), over
