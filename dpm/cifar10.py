@@ -221,7 +221,7 @@ def _evaluate(d, reverse, cfg, heldout):
     D, scaler = x[0].numel(), model_scaler(d)
     torch.manual_seed(seed + 1)
     t0 = time.perf_counter()
-    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])
+    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])      # eq-k-general
     bound_seconds = time.perf_counter() - t0
     m, Sigma = fit_gaussian(_data(cfg, seed)[0].to(dev))
     g = gaussian_log_likelihood(m, Sigma, x).cpu() / D               # nats per dim, per image
