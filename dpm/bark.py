@@ -29,16 +29,19 @@ def bark_levels(cfg: dict, seed: int = 0):
     ip = _levels('inpaint', 1, int(cfg['size']), int(cfg['inpaint_size']), seed)
     return tr.images, ho.images, ip.images, tr.record
 
+
+# %% ../nbs/15_bark.ipynb #c15a0002
 def bark_scaler(cfg: dict, seed: int = 0) -> Scaler:
-    "eq-bark-scale: the Scaler of the dequantized training patches (closed form, Scaler.fit_8bit)."
+    "eq-data-scale: the Scaler of the dequantized training patches (closed form, fit_8bit)."
     return Scaler.fit_8bit(bark_levels(cfg, seed)[0])
 
 def _scaled(k, scaler, seed):
+    "Dequantized (eq-data-dequant) with its own seed, then scaled: float32."
     gen = torch.Generator().manual_seed(seed)
     return scaler.forward(dequantize(k, gen)).float()
 
 def _data(cfg, seed):
-    "Scaled (train, held-out) patches: dequantized (eq-bark-scale), one seed per split."
+    "Scaled (train, held-out) patches (eq-data-scale), dequantized with one seed per split."
     train_k, held_k, _, _ = bark_levels(cfg, seed)
     s = bark_scaler(cfg, seed)
     return _scaled(train_k, s, 50_000 + 3 * seed), _scaled(held_k, s, 50_001 + 3 * seed)
@@ -46,6 +49,7 @@ def _data(cfg, seed):
 def inpaint_images(cfg, seed: int = 0):
     "Scaled held-out images for inpainting, (M, 1, R, R), R = cfg['inpaint_size']."
     return _scaled(bark_levels(cfg, seed)[2], bark_scaler(cfg, seed), 50_002 + 3 * seed)
+
 
 # %% ../nbs/15_bark.ipynb #8fc4cdcb
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=200, inpaint_size=64, hole=24,
@@ -72,10 +76,11 @@ _NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'hidden_
              'n_bumps', 'variant')
 
 def bark_reverse(d, cfg, size: int):
-    "The convolutional reverse model for size x size images (the same weights fit every size)."
+    "The convolutional reverse model (eq-net-msconv) for size x size images, any size."
     return ImageReverse(d, (1, size, size), pathway='conv', **{k: cfg[k] for k in _NET_KEYS})
 
 def _build(cfg):
+    "Diffusion (eq-rev-gauss) with the scaler (eq-data-scale) as buffers, and the conv pathway."
     d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
                                            n_bumps=cfg['schedule_bumps'],
                                            learn=cfg['learn_schedule']))
@@ -92,6 +97,7 @@ def resized(d, reverse, cfg, size: int):
 
 def ceiling_bits(scaler: Scaler) -> float:
     "eq-bark-ceiling: no density of dequantized 8-bit data exceeds 256 / scale per scaled pixel."
+    # $8 - \log_2 s$ bits per pixel
     return 8 - math.log2(scaler.scale)
 
 # %% ../nbs/15_bark.ipynb #a12aa95c
@@ -103,7 +109,9 @@ def autocovariance(train: torch.Tensor, batch: int = 1000):
     power = 0
     for x in train.split(batch):
         X = torch.fft.rfft2(x[:, 0].double() - mu, s=(2 * S, 2 * S))     # zero-padded: no wrap
+        # $\sum_n|\hat X_n(\boldsymbol\omega)|^2$
         power = power + (X.real ** 2 + X.imag ** 2).sum(0)
+    # $\hat c$: the inverse transform of the average periodogram $\frac1{NS^2}\sum_n|\hat X_n|^2$
     c = torch.fft.irfft2(power / (N * S * S), s=(2 * S, 2 * S))
     c = torch.fft.fftshift(c)[1:, 1:]                                  # lags -(S-1) .. S-1
     return mu, c
@@ -116,6 +124,7 @@ def lag_covariance(c, p, q):
     d = d.clamp(-(S - 1), S - 1) + (S - 1)
     return torch.where(inside, c[d[..., 0], d[..., 1]], torch.zeros((), dtype=c.dtype,
                                                                      device=c.device))
+
 
 # %% ../nbs/15_bark.ipynb #f5097804
 def hole_mask(size: int, hole: int, device=None):
@@ -131,6 +140,40 @@ def hole_of(x, known):
     rows, cols = (~known).any(1).nonzero()[:, 0], (~known).any(0).nonzero()[:, 0]
     return x[..., rows[0]:rows[-1] + 1, cols[0]:cols[-1] + 1]
 
+
+# %% ../nbs/15_bark.ipynb #c15a0005
+def _ridge(c, n: int, device):
+    "1e-9 max(c) I: keeps the Cholesky factorisations of lag covariances away from singular."
+    return 1e-9 * c.max() * torch.eye(n, dtype=c.dtype, device=device)
+
+@torch.no_grad()
+def _conditional_gain(known, c, border: int, device):
+    "Hole H, border B (pixel coordinates), A = Sigma_HB Sigma_BB^-1 and Sigma_HB (eq-bark-cond)."
+    near = F.max_pool2d((~known).double()[None, None], 2 * border + 1, 1, border)[0, 0] > 0
+    H, B = (~known).nonzero(), (near & known).nonzero()
+    S_BB = lag_covariance(c, B, B)
+    S_HB = lag_covariance(c, H, B)
+    L = torch.linalg.cholesky(S_BB + _ridge(c, len(B), device))
+    # $\mathbf A = \boldsymbol\Sigma_{HB}\boldsymbol\Sigma_{BB}^{-1}$
+    A = torch.cholesky_solve(S_HB.T, L).T
+    return H, B, A, S_HB
+
+
+# %% ../nbs/15_bark.ipynb #c15a0007
+@torch.no_grad()
+def _conditional_samples(x, c, H, A, S_HB, fill, n_samples: int, generator, device):
+    "n_samples draws of the hole given the border (eq-bark-cond): (n_samples, M, 1, R, R)."
+    # $\operatorname{Cov}[\mathbf x_H\mid\mathbf x_B] = \Sigma_{HH} - \mathbf A\Sigma_{BH}$
+    cov = lag_covariance(c, H, H) - A @ S_HB.T
+    Lc = torch.linalg.cholesky(cov + _ridge(c, len(H), device))
+    z = torch.randn(n_samples, len(x), len(H), dtype=c.dtype, generator=generator,
+                    device='cpu').to(device)
+    samples = x.expand(n_samples, *x.shape).clone()
+    samples[:, :, 0, H[:, 0], H[:, 1]] = (fill + z @ Lc.T).to(x.dtype)
+    return samples
+
+
+# %% ../nbs/15_bark.ipynb #c15a0009
 @torch.no_grad()
 def gaussian_inpaint(x, known, mu, c, border: int, n_samples: int = 0, generator=None):
     """Conditional mean (and samples) of the hole given a border of width `border` (eq-bark-cond).
@@ -139,28 +182,19 @@ def gaussian_inpaint(x, known, mu, c, border: int, n_samples: int = 0, generator
     (n_samples, M, 1, R, R) or None, expected squared error per hole pixel under the model)."""
     dev = x.device
     c = c.to(dev)
-    near = F.max_pool2d((~known).double()[None, None], 2 * border + 1, 1, border)[0, 0] > 0
-    H, B = (~known).nonzero(), (near & known).nonzero()
-    S_BB = lag_covariance(c, B, B)
-    S_HB = lag_covariance(c, H, B)
-    L = torch.linalg.cholesky(S_BB + 1e-9 * c.max() * torch.eye(len(B), dtype=c.dtype,
-                                                                   device=dev))
-    A = torch.cholesky_solve(S_HB.T, L).T                            # Sigma_HB Sigma_BB^-1
+    H, B, A, S_HB = _conditional_gain(known, c, border, dev)
     xb = x[:, 0, B[:, 0], B[:, 1]].double() - mu                     # (M, |B|)
     mean = x.clone()
+    # $\hat\mu + \mathbf A(\mathbf x_B - \hat\mu)$
     fill = mu + xb @ A.T                                              # (M, |H|)
     mean[:, 0, H[:, 0], H[:, 1]] = fill.to(x.dtype)
-    cond_diag = c[c.shape[0] // 2, c.shape[1] // 2] - (A * S_HB).sum(1)   # Var(x_h | x_B)
+    # $\operatorname{Var}(x_h\mid\mathbf x_B) = \hat c(\mathbf 0) - (\mathbf A\Sigma_{BH})_{hh}$
+    cond_diag = c[c.shape[0] // 2, c.shape[1] // 2] - (A * S_HB).sum(1)
     samples = None
     if n_samples:
-        cov = lag_covariance(c, H, H) - A @ S_HB.T
-        Lc = torch.linalg.cholesky(cov + 1e-9 * c.max() * torch.eye(len(H), dtype=c.dtype,
-                                                                       device=dev))
-        z = torch.randn(n_samples, len(x), len(H), dtype=c.dtype, generator=generator,
-                        device='cpu').to(dev)
-        samples = x.expand(n_samples, *x.shape).clone()
-        samples[:, :, 0, H[:, 0], H[:, 1]] = (fill + z @ Lc.T).to(x.dtype)
+        samples = _conditional_samples(x, c, H, A, S_HB, fill, n_samples, generator, dev)
     return mean, samples, cond_diag.mean().item()
+
 
 # %% ../nbs/15_bark.ipynb #3db74531
 _CROSS = torch.tensor([[0., 1., 0.], [1., 0., 1.], [0., 1., 0.]])
@@ -171,7 +205,8 @@ def harmonic_fill(x, known, tol: float = 1e-8, max_iter: int = 10_000):
     hole = (~known).to(x.dtype)[None, None]
     k = _CROSS.to(x)[None, None]
     nbr = lambda u: F.conv2d(u, k, padding=1)                      # sum of the 4 neighbours
-    A = lambda u: hole * (4 * u - nbr(hole * u))                   # the Laplacian on the hole
+    # $4u(\mathbf p) - \sum_{\mathbf q\sim\mathbf p}u(\mathbf q)$ on the hole, known pixels as 0
+    A = lambda u: hole * (4 * u - nbr(hole * u))
     b = hole * nbr(x * (1 - hole))                                 # known neighbours
     u = torch.zeros_like(x); r = b.clone(); p = r.clone()
     rr = (r * r).sum((1, 2, 3), keepdim=True)
@@ -202,10 +237,12 @@ def radial_power(x):
 
 def spectrum_distance(a, b):
     "RMS difference of the log10 radial power spectra of images a and b, per image (eq-bark-stats)."
+    # $d_{spec} = \big(\frac1{n_b}\sum_b(\log_{10}P_b(a) - \log_{10}P_b(b))^2\big)^{1/2}$
     return ((radial_power(a) - radial_power(b)) ** 2).mean(1).sqrt()
 
 def histogram_distance(a, b):
-    "Wasserstein-1 distance between the pixel values of each image of a and b, per image."
+    "Wasserstein-1 distance between the pixel values of images a and b, per image (eq-bark-stats)."
+    # $d_{hist} = \frac1{|H|}\sum_i|a_{(i)} - b_{(i)}|$, sorted values
     return (a.flatten(1).sort(1).values - b.flatten(1).sort(1).values).abs().mean(1)
 
 # %% ../nbs/15_bark.ipynb #dd6dd0ab
@@ -221,26 +258,32 @@ def inpaint_study(d, reverse, cfg, seed: int = 0):
     _LAST_STUDY.update(key=key, value=value, keep=(d, reverse))   # keep: ids stay unique
     return value
 
-def _inpaint_study(d, reverse, cfg, seed):
+
+# %% ../nbs/15_bark.ipynb #c15a0011
+@torch.no_grad()
+def _fills(d, reverse, cfg, seed, x, known):
+    "The fills of the hole: noise, harmonic, Gaussian mean and samples, diffusion samples, mean."
     from dpm.posterior import inpaint
-    dev = d.betas.device
-    x = inpaint_images(cfg, seed).to(dev)
-    M, R, n = len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
-    known = hole_mask(R, int(cfg['hole']), dev)
-    train = _data(cfg, seed)[0]
-    mu, c = autocovariance(train.to(dev))
+    dev, M, R, n = d.betas.device, len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
+    mu, c = autocovariance(_data(cfg, seed)[0].to(dev))                   # eq-bark-acov
     gen = torch.Generator().manual_seed(seed + 5)
     g_mean, g_samp, g_pred = gaussian_inpaint(x, known, mu, c, int(cfg['border']), n, gen)
     big = resized(d, reverse, cfg, R)
     torch.manual_seed(seed + 6)
     xs = x.repeat(n, 1, 1, 1)
     t0 = time.perf_counter()
-    dm = inpaint(d, big, xs, known.expand_as(xs)).reshape(n, M, 1, R, R)
+    dm = inpaint(d, big, xs, known.expand_as(xs)).reshape(n, M, 1, R, R)   # eq-post-delta
     seconds = time.perf_counter() - t0
     noise = torch.where(known, x, torch.randn(x.shape, generator=gen).to(dev))
     fills = dict(noise=noise[None], harmonic=harmonic_fill(x.double(), known).float()[None],
                  gaussian_mean=g_mean[None], gaussian_sample=g_samp, diffusion=dm,
                  diffusion_mean=dm.mean(0, keepdim=True))
+    return fills, g_pred, seconds
+
+
+# %% ../nbs/15_bark.ipynb #c15a0013
+def _fill_numbers(fills: dict, x, known) -> dict:
+    "MSE, d_spec and d_hist (eq-bark-stats) of every fill on the hole; MSE per image too."
     truth = hole_of(x, known)
     numbers = {}
     for name, f in fills.items():
@@ -250,14 +293,26 @@ def _inpaint_study(d, reverse, cfg, seed):
         hist = torch.stack([histogram_distance(hi, truth) for hi in h])
         numbers[name] = dict(mse=mse.mean().item(), spectrum=spec.mean().item(),
                              histogram=hist.mean().item(), per_image_mse=mse.mean(0).tolist())
+    return numbers
+
+@torch.no_grad()
+def _inpaint_study(d, reverse, cfg, seed):
+    "The study that inpaint_study caches: numbers, info, fills, images and the mask."
+    dev = d.betas.device
+    x = inpaint_images(cfg, seed).to(dev)
+    M, R, n = len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
+    known = hole_mask(R, int(cfg['hole']), dev)
+    fills, g_pred, seconds = _fills(d, reverse, cfg, seed, x, known)
+    numbers = _fill_numbers(fills, x, known)
     info = dict(images=M, size=R, hole=int(cfg['hole']), border=int(cfg['border']), samples=n,
                 gaussian_predicted_mse=g_pred, inpaint_seconds=seconds)
     return numbers, info, {k: v.cpu() for k, v in fills.items()}, x.cpu(), known.cpu()
 
+
 # %% ../nbs/15_bark.ipynb #0ba48745
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    "K, K - L_null, the Gaussian baseline, the ceiling (bits per pixel) and the inpainting study."
+    "K (eq-k-general), K - L_null, the Gaussian (eq-bark-gauss), the ceiling; inpainting study."
     dev, seed = d.betas.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
     D = x[0].numel()
@@ -286,7 +341,7 @@ def _evaluate(d, reverse, cfg, heldout):
 
 # %% ../nbs/15_bark.ipynb #5cbab85c
 def plot_figure5(x, known, fills, scaler: Scaler, image: int = 0):
-    "Figure 5: truth, hole filled with noise, the diffusion fill and the two baselines."
+    "Figure 5: truth, hole filled with noise, the diffusion fill (eq-post-delta), two baselines."
     import matplotlib.pyplot as plt
     show = lambda im: scaler.inverse(im[0]).clamp(0, 1).numpy()
     cols = [('held-out image', x[image]), ('hole filled with noise', fills['noise'][0, image]),

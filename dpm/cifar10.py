@@ -16,7 +16,8 @@ from .data import load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit
 from .posterior import denoise
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
-L_NULL_BITS_PER_DIM = -0.5 * math.log2(2 * math.pi * math.e)   # unit Gaussian, eq-cf-lnull
+# $L_{null}/D = -\tfrac12\log_2(2\pi e)$ bits per value, unit Gaussian (eq-cf-lnull)
+L_NULL_BITS_PER_DIM = -0.5 * math.log2(2 * math.pi * math.e)
 CHANNELS = 3                                                   # values per RGB pixel
 PAPER_K_BITS_PER_PIXEL = 5.4           # Table 1, CIFAR-10 row: K, bits per RGB pixel
 PAPER_K_MINUS_L_NULL = 11.5            # Table 1: K - L_null, bits per RGB pixel
@@ -33,7 +34,9 @@ def paper_to_8bit(k_bits_per_pixel: float = PAPER_K_BITS_PER_PIXEL,
                   pixel_std: float = ASSUMED_PIXEL_STD) -> float:
     "Bits/dim of 8-bit data implied by K in bits per RGB pixel of unit-variance data (eq-cf-bridge)"
     if not pixel_std > 0: raise ValueError(f"dpm: pixel_std must be positive, got {pixel_std}")
-    k_nats_per_dim = k_bits_per_pixel / CHANNELS * LN2             # K / D, nats
+    # $K/D = (K_{px}/3)\ln 2$ nats per dimension
+    k_nats_per_dim = k_bits_per_pixel / CHANNELS * LN2
+    # $8 - K/(D\ln 2) - \log_2 s$ with $s = 1/\sigma$ (eq-data-bpd)
     return nll_bits_per_dim_8bit(k_nats_per_dim, Scaler(0.5, 1 / pixel_std))
 
 # %% ../nbs/14_cifar10.ipynb #c7de8a7d
@@ -47,6 +50,7 @@ def crop(k: torch.Tensor, size: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _images(n_train: int, n_heldout: int, size: int, seed: int):
+    "Cached central crops of the 8-bit train and test images, and their records."
     tr = load_cifar10('train', n=n_train, seed=seed)
     te = load_cifar10('test', n=n_heldout, seed=seed)
     return crop(tr.images[:n_train], size), crop(te.images[:n_heldout], size), tr.record, te.record
@@ -93,7 +97,7 @@ NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'dense_hi
             'dense_layers', 'dense_channels', 'hidden_1x1', 'layers_1x1', 'n_bumps', 'variant')
 
 def _build(cfg):
-    "GaussianDiffusion with the learned schedule, the scaler as buffers, ImageReverse('both')."
+    "Diffusion (eq-rev-gauss), learned schedule, scaler as buffers (eq-data-scale), both pathways."
     S = int(cfg['size'])
     d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
                                            n_bumps=cfg['schedule_bumps'],
@@ -102,7 +106,7 @@ def _build(cfg):
     d.register_buffer('data_shift', torch.tensor(scaler.shift, dtype=torch.float64))
     d.register_buffer('data_scale', torch.tensor(scaler.scale, dtype=torch.float64))
     reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both',
-                           **{k: cfg[k] for k in NET_KEYS})
+                           **{k: cfg[k] for k in NET_KEYS})          # eq-net-msconv, eq-net-dense
     return d, reverse
 
 # %% ../nbs/14_cifar10.ipynb #97e85cbb
@@ -115,8 +119,11 @@ def fit_gaussian(x: torch.Tensor):
                          f"{X.shape[1]} training images, got {len(X)}")
     m = X.mean(0)
     Xc = X - m
+    # $\Sigma = \frac1N\sum_n (\mathbf z_n - \mathbf m)(\mathbf z_n - \mathbf m)^\top$
     return m, Xc.T @ Xc / len(X)
 
+
+# %% ../nbs/14_cifar10.ipynb #c14a0002
 @torch.no_grad()
 def gaussian_log_likelihood(m, Sigma, x, batch: int = 1000) -> torch.Tensor:
     "log N(x; m, Sigma) per image, nats, float64 (eq-cf-gauss)."
@@ -124,9 +131,12 @@ def gaussian_log_likelihood(m, Sigma, x, batch: int = 1000) -> torch.Tensor:
     D, half_logdet = len(m), L.diagonal().log().sum()
     out = []
     for y in x.reshape(len(x), -1).to(m).split(batch):
+        # $\mathbf z = \mathbf L^{-1}(\mathbf x - \mathbf m)$
         z = torch.linalg.solve_triangular(L, (y - m).T, upper=False)
+        # $-\tfrac12\big(D\log 2\pi + \|\mathbf z\|^2\big) - \sum_i\log L_{ii}$
         out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
     return torch.cat(out)
+
 
 # %% ../nbs/14_cifar10.ipynb #75fe4386
 @torch.no_grad()
@@ -134,17 +144,22 @@ def wiener_denoise(m, Sigma, y, noise_var: float):
     "Posterior mean m + Sigma (Sigma + s^2 I)^-1 (y - m) under N(m, Sigma) (eq-cf-wiener)."
     if not noise_var > 0: raise ValueError(f"dpm: noise_var must be positive, got {noise_var}")
     shape, D = y.shape, len(m)
+    # $\mathbf A = \Sigma + \sigma^2\mathbf I$
     A = Sigma + noise_var * torch.eye(D, dtype=Sigma.dtype, device=Sigma.device)
     gain = torch.linalg.solve(A, Sigma)                # (Sigma + s^2 I)^-1 Sigma = (Sigma A^-1)^T
     r = y.reshape(len(y), -1).to(m) - m
-    return (m + r @ gain).to(y.dtype).reshape(shape)   # row form of m + Sigma A^-1 (y - m)
+    # $\mathbf m + \Sigma\mathbf A^{-1}(\mathbf y - \mathbf m)$, in row form
+    return (m + r @ gain).to(y.dtype).reshape(shape)
 
 def wiener_mse(Sigma, noise_var: float) -> float:
     "Expected squared error per value of the Gaussian posterior mean (eq-cf-wiener)"
     D = Sigma.shape[0]
     A = Sigma + noise_var * torch.eye(D, dtype=Sigma.dtype, device=Sigma.device)
-    post = Sigma - Sigma @ torch.linalg.solve(A, Sigma)
-    return (post.diagonal().sum() / D).item()
+    # $\operatorname{Cov}[\mathbf x\mid\mathbf y] = \Sigma - \Sigma\mathbf A^{-1}\Sigma$
+    cov_post = Sigma - Sigma @ torch.linalg.solve(A, Sigma)
+    # $\tfrac1D\operatorname{tr}\operatorname{Cov}[\mathbf x\mid\mathbf y]$
+    return (cov_post.diagonal().sum() / D).item()
+
 
 # %% ../nbs/14_cifar10.ipynb #83792d9c
 @torch.no_grad()
@@ -154,10 +169,13 @@ def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, g
     dev = d.betas.device
     x = clean.to(dev)
     g = torch.Generator(device=dev).manual_seed(60_000 + seed)
+    # $\mathbf y = \mathbf x + \boldsymbol\epsilon$, noise of variance $\sigma^2$ per value
     y = x + math.sqrt(noise_var) * torch.randn(x.shape, generator=g, device=dev)
     ys = y.repeat(n_posterior, 1, 1, 1)                               # n_posterior rows per image
+    # every reverse step times r (eq-post-gauss-product); n posterior samples per image
     post = denoise(d, reverse, ys, noise_var, generator=g).reshape(n_posterior, *x.shape)
     mse = lambda a: ((a - x) ** 2).mean().item()
+    # one sample, and the mean of n samples (eq-cf-sample-mse)
     out = dict(noisy=y, samples=post, clean=x, mse_noisy=mse(y), mse_sample=mse(post[0]),
                mse_posterior_mean=mse(post.mean(0)), n_posterior=n_posterior, noise_var=noise_var)
     if gaussian is not None:
@@ -167,7 +185,34 @@ def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, g
         out['mse_wiener'] = mse(out['wiener'])
     return out
 
+
 # %% ../nbs/14_cifar10.ipynb #9510764b
+def _check_ceiling(K: float, K_se: float, scaler: Scaler) -> float:
+    "The ceiling of eq-cf-ceiling in bits per dim; an error if K (nats/dim) is 4 se above it."
+    # $8 - \log_2 s$ bits per dimension
+    ceiling = 8 - math.log2(scaler.scale)
+    if (K - 4 * K_se) / LN2 > ceiling:
+        raise RuntimeError(f"dpm: K = {K / LN2:.3f} bits per dim is above the ceiling "
+                           f"{ceiling:.3f} of 8-bit data: a bug")
+    return ceiling
+
+def _table1_numbers(K, K_se, g, scaler: Scaler, ceiling: float) -> dict:
+    "K (nats/dim) and the Gaussian's g (nats/dim, per image) per RGB pixel (eq-cf-lnull), 8-bit."
+    return dict(K_bits=bits_per_pixel(K / LN2), K_bits_se=bits_per_pixel(K_se / LN2),
+                L_null_bits=bits_per_pixel(L_NULL_BITS_PER_DIM),
+                K_minus_L_null_bits=bits_per_pixel(K / LN2 - L_NULL_BITS_PER_DIM),
+                # eq-cf-bridge
+                K_bits_per_dim=K / LN2, bits_per_dim_8bit=nll_bits_per_dim_8bit(K, scaler),
+                gaussian_bits=bits_per_pixel(g.mean().item() / LN2),
+                gaussian_bits_se=bits_per_pixel(g.std().item() / LN2 / math.sqrt(len(g))),
+                gaussian_bits_per_dim_8bit=nll_bits_per_dim_8bit(g.mean().item(), scaler),
+                ceiling_bits=bits_per_pixel(ceiling), data_shift=scaler.shift,
+                data_scale=scaler.scale, pixel_std=1 / scaler.scale,
+                paper_converted_bits_per_dim=paper_to_8bit(pixel_std=ASSUMED_PIXEL_STD),
+                paper_converted_own_std=paper_to_8bit(pixel_std=1 / scaler.scale))
+
+
+# %% ../nbs/14_cifar10.ipynb #c14a0005
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "Table 1 numbers per RGB pixel and in 8-bit bits/dim; Figure 3's denoising errors."
@@ -176,41 +221,29 @@ def _evaluate(d, reverse, cfg, heldout):
     D, scaler = x[0].numel(), model_scaler(d)
     torch.manual_seed(seed + 1)
     t0 = time.perf_counter()
-    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])
+    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])      # eq-k-general
     bound_seconds = time.perf_counter() - t0
     m, Sigma = fit_gaussian(_data(cfg, seed)[0].to(dev))
     g = gaussian_log_likelihood(m, Sigma, x).cpu() / D               # nats per dim, per image
     K, K_se = k['K_nats'] / D, k['K_nats_se'] / D                    # nats per dim
-    ceiling = 8 - math.log2(scaler.scale)                            # bits per dim, eq-cf-ceiling
-    if (K - 4 * K_se) / LN2 > ceiling:
-        raise RuntimeError(f"dpm: K = {K / LN2:.3f} bits per dim is above the ceiling "
-                           f"{ceiling:.3f} of 8-bit data: a bug")
+    ceiling = _check_ceiling(K, K_se, scaler)
     t0 = time.perf_counter()
     den = denoising(d, reverse, x[:cfg['n_denoise']], 1.0, cfg['n_posterior'], (m, Sigma), seed)
     denoise_seconds = time.perf_counter() - t0
     rec = cifar_images(cfg, seed)[3]
-    out = dict(K_bits=bits_per_pixel(K / LN2), K_bits_se=bits_per_pixel(K_se / LN2),
-               L_null_bits=bits_per_pixel(L_NULL_BITS_PER_DIM),
-               K_minus_L_null_bits=bits_per_pixel(K / LN2 - L_NULL_BITS_PER_DIM),
-               K_bits_per_dim=K / LN2, bits_per_dim_8bit=nll_bits_per_dim_8bit(K, scaler),
-               gaussian_bits=bits_per_pixel(g.mean().item() / LN2),
-               gaussian_bits_se=bits_per_pixel(g.std().item() / LN2 / math.sqrt(len(g))),
-               gaussian_bits_per_dim_8bit=nll_bits_per_dim_8bit(g.mean().item(), scaler),
-               ceiling_bits=bits_per_pixel(ceiling), data_shift=scaler.shift,
-               data_scale=scaler.scale, pixel_std=1 / scaler.scale,
-               paper_converted_bits_per_dim=paper_to_8bit(pixel_std=ASSUMED_PIXEL_STD),
-               paper_converted_own_std=paper_to_8bit(pixel_std=1 / scaler.scale),
-               n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
+    out = _table1_numbers(K, K_se, g, scaler, ceiling)
+    out.update(n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
                denoise_seconds=denoise_seconds, data=rec.name, stand_in=rec.stand_in)
     out.update({k_: den[k_] for k_ in ('mse_noisy', 'mse_sample', 'mse_posterior_mean',
                                        'mse_wiener', 'mse_wiener_predicted', 'n_posterior')})
     out['n_denoise'] = len(den['clean'])
     return out
 
+
 # %% ../nbs/14_cifar10.ipynb #8b4e8c84
 @torch.no_grad()
 def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None):
-    "Figure 3: held-out images, the same with noise of variance 1, posterior samples, samples."
+    "Figure 3: held-out, noisy (variance 1), posterior sample (eq-post-gauss-product), samples."
     import matplotlib.pyplot as plt
     torch.manual_seed(seed)
     den = denoising(d, reverse, heldout[:n], 1.0, 1, gaussian, seed)

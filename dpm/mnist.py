@@ -17,6 +17,7 @@ from .training import Experiment, train_or_load, evaluate_bound, repo_root
 SIGMAS = tuple(torch.logspace(-1, 0, 10, dtype=torch.float64).tolist())  # numpy.logspace(-1,0,10)
 
 def _check_rows(x, name, width=None):
+    "A clear ValueError unless x is a finite, non-empty 2-D tensor (n, D) with D = width."
     if not isinstance(x, torch.Tensor) or x.ndim != 2 or len(x) == 0:
         shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
         raise ValueError(f"dpm: {name} must be a non-empty 2-D tensor (n, D), got {shape}")
@@ -24,28 +25,34 @@ def _check_rows(x, name, width=None):
         raise ValueError(f"dpm: {name} has {x.shape[1]} columns, the samples {width}")
     if not torch.isfinite(x).all(): raise ValueError(f"dpm: {name} holds NaN or inf")
 
+
+# %% ../nbs/13_mnist.ipynb #c13a0002
 @torch.no_grad()
 def parzen_log_likelihood(x, samples, sigma, batch_size: int = 500):
-    "log p_sigma(x) per row of x, nats, float64 (eq-mnist-parzen); one column per sigma if a list."
+    "log p_sigma(x) per row of x, nats, float64 (eq-mnist-parzen-log); a column per sigma if many."
     _check_rows(samples, 'samples'); _check_rows(x, 'x', samples.shape[1])
     many = not isinstance(sigma, (int, float))
-    s = torch.as_tensor(sigma if many else [sigma], dtype=torch.float64, device=samples.device)
-    if s.ndim != 1 or len(s) == 0 or not (s > 0).all():
+    sig = torch.as_tensor(sigma if many else [sigma], dtype=torch.float64, device=samples.device)
+    if sig.ndim != 1 or len(sig) == 0 or not (sig > 0).all():
         raise ValueError(f"dpm: sigma must be positive, got {sigma}")
     mu = samples.double()
     N, D = mu.shape
-    mu_sq = (mu * mu).sum(1)                                    # |mu_i|^2
-    # log N + (D/2) log(2 pi sigma^2): the log-normaliser of the mixture
-    log_z = math.log(N) + D * torch.log(s * math.sqrt(2 * math.pi))
+    # $\|\mu_i\|^2$
+    mu_sq = (mu * mu).sum(1)
+    # $\log N + D\log(\sigma\sqrt{2\pi})$: log-normaliser of the mixture eq-mnist-parzen
+    log_z = math.log(N) + D * torch.log(sig * math.sqrt(2 * math.pi))
     out = []
     for xb in x.split(int(batch_size)):
         xb = xb.to(mu.device, torch.float64)
-        # |x - mu_i|^2 = |x|^2 + |mu_i|^2 - 2 x . mu_i
+        # $\|x-\mu_i\|^2 = \|x\|^2 + \|\mu_i\|^2 - 2\,x\cdot\mu_i$
         d2 = ((xb * xb).sum(1, keepdim=True) + mu_sq - 2 * xb @ mu.T).clamp(min=0)
-        e = torch.stack([torch.logsumexp(d2 * (-0.5 / v), 1) for v in (s * s).tolist()], 1)
-        out.append(e - log_z)                                   # (b, number of sigmas)
+        # $\operatorname{logsumexp}_i\big(-\|x-\mu_i\|^2/2\sigma^2\big)$ for every $\sigma^2$
+        lse = torch.stack([torch.logsumexp(d2 * (-0.5 / var), 1)
+                           for var in (sig * sig).tolist()], 1)
+        out.append(lse - log_z)                                 # (b, number of sigmas)
     ll = torch.cat(out)
     return ll if many else ll[:, 0]
+
 
 # %% ../nbs/13_mnist.ipynb #1d75469f
 @torch.no_grad()
@@ -54,15 +61,19 @@ def parzen_select_sigma(samples, valid, sigmas=SIGMAS, batch_size: int = 500):
     curve = parzen_log_likelihood(valid, samples, list(sigmas), batch_size).mean(0).cpu()
     return float(sigmas[int(curve.argmax())]), curve
 
+
+# %% ../nbs/13_mnist.ipynb #c13a0004
 @torch.no_grad()
 def parzen_evaluate(samples, valid, test, sigmas=SIGMAS, batch_size: int = 500) -> dict:
     "parzen_ll.py of Goodfellow et al.: sigma from `valid`, mean log p on `test` +- std/sqrt(N)."
     sigma, curve = parzen_select_sigma(samples, valid, sigmas, batch_size)
     ll = parzen_log_likelihood(test, samples, sigma, batch_size).cpu()
+    # $\bar\ell$ and $\mathrm{se}$ of eq-mnist-report (numpy's std, divisor M)
     mean, se = ll.mean().item(), ll.std(unbiased=False).item() / math.sqrt(len(ll))
     return dict(sigma=sigma, nats=mean, nats_se=se, bits=mean / LN2, bits_se=se / LN2,
                 n_samples=len(samples), n_valid=len(valid), n_test=len(ll),
                 valid_curve_nats=curve.tolist())
+
 
 # %% ../nbs/13_mnist.ipynb #7ba10ee9
 SHAPE = (1, 28, 28)                  # MNIST images: one channel of 28 x 28 pixels
@@ -79,6 +90,8 @@ def unit_images(split: str, root: str = '', n: int = 0) -> torch.Tensor:
     k = k[:n] if n else k
     return k.reshape(len(k), -1).double() / 255
 
+
+# %% ../nbs/13_mnist.ipynb #c13a0006
 def mnist_scaler(root: str = '') -> Scaler:
     "Shift and scale of eq-data-scale for the dequantized training split, in closed form."
     return Scaler.fit_8bit(mnist_split('train', root).images)
@@ -100,8 +113,10 @@ def scaler_of(d) -> Scaler:
     "The Scaler stored with a model (buffers data_shift, data_scale of its diffusion)."
     return Scaler(d.data_shift.item(), d.data_scale.item())
 
+
 # %% ../nbs/13_mnist.ipynb #2b6e0c08
 def _build(cfg):
+    "Diffusion (eq-rev-gauss) with its scaler as buffers, and the dense pathway (eq-net-dense)."
     d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
                                            n_bumps=cfg['schedule_bumps'],
                                            learn=cfg['learn_schedule']))
@@ -117,7 +132,7 @@ def _build(cfg):
 # %% ../nbs/13_mnist.ipynb #285bb7e6
 @torch.no_grad()
 def sample_unit(d, reverse, n: int, batch_size: int = 2500, seed: int = 0) -> torch.Tensor:
-    "n true samples (not means) mapped back to pixel units and clipped to [0, 1]: (n, 784) float64."
+    "n true samples (eq-reverse-trajectory) mapped to pixels, clipped to [0, 1]: (n, 784) float64."
     dev, sc = d.betas.device, scaler_of(d)
     torch.manual_seed(seed)
     out = []
@@ -130,45 +145,63 @@ def sample_unit(d, reverse, n: int, batch_size: int = 2500, seed: int = 0) -> to
 L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)      # bits per pixel, unit Gaussian
 
 def _record(split, root):
+    "Name, stand-in flag, size and checksum of one split: what a record says about its data."
     r = mnist_split(split, root).record
     return dict(name=r.name, stand_in=r.stand_in, n=r.n, checksum=r.checksum[:16])
 
 @torch.no_grad()
-def _evaluate(d, reverse, cfg, heldout):
-    "K (every t) on held-out test images and the Parzen estimate of Table 2, with the data used."
-    dev, root, seed = d.betas.device, cfg['data_root'], cfg.get('seed', 0)
+def _bound_numbers(d, reverse, cfg, x, seed):
+    "K (every t, eq-k-general) on held-out images x, per pixel and per image in [0, 1) units."
     sc = scaler_of(d)
-    x = heldout[:cfg['n_eval']]
     torch.manual_seed(seed + 1)
     t0 = time.perf_counter()
     k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])
     bound_seconds = time.perf_counter() - t0
     K_px, K_px_se = k['K_bits'] / D, k['K_bits_se'] / D                 # bits per pixel, scaled
-    out = dict(K_bits=K_px, K_bits_se=K_px_se, L_null_bits=L_NULL_BITS,
-               K_minus_L_null_bits=K_px - L_NULL_BITS, n_eval=len(x),
-               K_unit_nats=k['K_nats'] + D * sc.log_det_per_dim,          # eq-mnist-units
-               K_unit_nats_se=k['K_nats_se'],
-               nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(k['K_nats'] / D, sc),
-               data_shift=sc.shift, data_scale=sc.scale, T=d.T, bound_seconds=bound_seconds)
-    if cfg['parzen_samples']:
-        t0 = time.perf_counter()
-        samples = sample_unit(d, reverse, cfg['parzen_samples'], cfg['sample_batch'], seed + 2)
-        out['sample_seconds'] = time.perf_counter() - t0
-        valid = unit_images('valid', root, 1000).to(dev)                 # the protocol's 1,000
-        test = unit_images('test', root, cfg['parzen_test']).to(dev)
-        t0 = time.perf_counter()
-        p = parzen_evaluate(samples, valid, test)
-        n_perfect = min(cfg['parzen_samples'], mnist_split('train', root).record.n)
-        perfect = parzen_evaluate(unit_images('train', root, n_perfect).to(dev), valid, test)
-        out['parzen_seconds'] = time.perf_counter() - t0
-        out.update({f'parzen_{k_}': v for k_, v in p.items()})
-        out.update({f'perfect_{k_}': v for k_, v in perfect.items()})
-        if n_perfect < len(samples):                     # the model with as few samples
-            matched = parzen_evaluate(samples[:n_perfect], valid, test)
-            out.update({f'matched_{k_}': v for k_, v in matched.items()})
-    out['data'] = {s: _record(s, root) for s in ('train', 'valid', 'test')}
+    return dict(K_bits=K_px, K_bits_se=K_px_se, L_null_bits=L_NULL_BITS,
+                K_minus_L_null_bits=K_px - L_NULL_BITS, n_eval=len(x),
+                # $\log p_Y(y) = \log p_Z(z) + D\log s$ (eq-mnist-units)
+                K_unit_nats=k['K_nats'] + D * sc.log_det_per_dim,
+                K_unit_nats_se=k['K_nats_se'],
+                nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(k['K_nats'] / D, sc),   # eq-data-bpd
+                data_shift=sc.shift, data_scale=sc.scale, T=d.T, bound_seconds=bound_seconds)
+
+
+# %% ../nbs/13_mnist.ipynb #c13a0008
+@torch.no_grad()
+def _parzen_numbers(d, reverse, cfg, seed):
+    "Table 2: Parzen estimates (eq-mnist-report) of the model, the 'perfect model', matched."
+    dev, root, out = d.betas.device, cfg['data_root'], {}
+    t0 = time.perf_counter()
+    samples = sample_unit(d, reverse, cfg['parzen_samples'], cfg['sample_batch'], seed + 2)
+    out['sample_seconds'] = time.perf_counter() - t0
+    valid = unit_images('valid', root, 1000).to(dev)                 # the protocol's 1,000
+    test = unit_images('test', root, cfg['parzen_test']).to(dev)
+    t0 = time.perf_counter()
+    p = parzen_evaluate(samples, valid, test)
+    n_perfect = min(cfg['parzen_samples'], mnist_split('train', root).record.n)
+    perfect = parzen_evaluate(unit_images('train', root, n_perfect).to(dev), valid, test)
+    out['parzen_seconds'] = time.perf_counter() - t0
+    out.update({f'parzen_{k_}': v for k_, v in p.items()})
+    out.update({f'perfect_{k_}': v for k_, v in perfect.items()})
+    if n_perfect < len(samples):                     # the model with as few samples
+        matched = parzen_evaluate(samples[:n_perfect], valid, test)
+        out.update({f'matched_{k_}': v for k_, v in matched.items()})
     return out
 
+
+# %% ../nbs/13_mnist.ipynb #c13a0010
+@torch.no_grad()
+def _evaluate(d, reverse, cfg, heldout):
+    "K (every t) on held-out test images and the Parzen estimate of Table 2, with the data used."
+    seed = cfg.get('seed', 0)
+    out = _bound_numbers(d, reverse, cfg, heldout[:cfg['n_eval']], seed)
+    if cfg['parzen_samples']: out.update(_parzen_numbers(d, reverse, cfg, seed))
+    out['data'] = {s: _record(s, cfg['data_root']) for s in ('train', 'valid', 'test')}
+    return out
+
+
+# %% ../nbs/13_mnist.ipynb #c13a0012
 _RESUMABLE = ('steps', 'eval_every', 'eval_size', 'checkpoint_every', 'checkpoint_minutes',
               'max_minutes', 'amp', 'channels_last', 'compile')
 
@@ -183,6 +216,7 @@ def same_model(rec: dict, cfg: dict, info: dict) -> bool:
     a = {k: v for k, v in rec.get('config', {}).items() if k not in _RESUMABLE}
     b = {k: v for k, v in cfg.items() if k not in _RESUMABLE}
     return a == b and rec.get('training', {}).get('steps') == info.get('steps')
+
 
 # %% ../nbs/13_mnist.ipynb #cd6f3215
 def plot_samples(samples, n_rows: int = 6, n_cols: int = 12, title: str = ''):
