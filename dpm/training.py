@@ -415,7 +415,6 @@ class _RunState:
     running: Optional[float] = None   # moving average of the minibatch bound, bits
 
 
-
 # %% ../nbs/05_training.ipynb #e145f991
 _COUNTERS = ('step', 'history', 'train_seconds', 'running')   # stored as checkpoint keys
 
