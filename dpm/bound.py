@@ -44,7 +44,7 @@ def _split(n, size): return [size] * (n // size) + ([n % size] if n % size else 
 
 # %% ../nbs/02_bound.ipynb #d9a62078
 def _log_weights(d, reverse, x0, m):
-    "Log importance weights of m forward trajectories per example, shape (m, batch)."
+    "Log importance weights (eq-model-probability) of m forward trajectories, shape (m, batch)."
     B = x0.shape[0]
     x = x0.repeat(m, *([1] * (x0.ndim - 1)))
     log_w = x.new_zeros(m * B)
