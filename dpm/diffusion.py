@@ -12,6 +12,7 @@ from contextlib import contextmanager
 import torch
 from torch import nn
 import torch.nn.functional as F
+from fastcore.basics import patch
 
 # %% ../nbs/01_diffusion.ipynb #dfbd0cdc
 FLOAT32_TINY = torch.finfo(torch.float32).tiny            # smallest normal float32, about 1.2e-38
@@ -32,6 +33,7 @@ def check_betas(betas) -> torch.Tensor:
                          f"underflow to zero in float32); got {float(betas.min()):.3g}")
     return betas
 
+# %% ../nbs/01_diffusion.ipynb #2960d877
 def check_data(x, name='x0') -> torch.Tensor:
     "Validate a batch of data: a floating tensor (batch, ...) without NaN or inf."
     if not isinstance(x, torch.Tensor):
@@ -70,6 +72,21 @@ def binomial_schedule(T: int) -> torch.Tensor:
     t = torch.arange(1, T + 1, dtype=torch.float64)
     return 1.0 / (T - t + 1)
 
+# %% ../nbs/01_diffusion.ipynb #4b6b15c5
+def _schedule_basis(T, n_bumps):
+    "Baseline $b_t$ and bumps $g_j(t)$ of eq-gauss-schedule, float64, t = 1..T."
+    f64 = dict(dtype=torch.float64)
+    t = torch.arange(1, T + 1, **f64)
+    # b_t = 1 / linspace(T, 2, T); with T = 1 only beta_1 is used
+    baseline = 1.0 / torch.linspace(T, 2, T, **f64) if T > 1 else torch.full((1,), 0.5, **f64)
+    centres = torch.linspace(2, max(T, 2), n_bumps, **f64)             # tau_j
+    spacing = float(centres[1] - centres[0]) if n_bumps > 1 else 0.0
+    width = spacing if spacing > 0 else float(T)    # delta; T <= 2 puts every centre at 2
+    # $g_j(t) = \exp(-\frac12 ((t - \tau_j)/\delta)^2)$
+    bumps = torch.exp(-0.5 * ((t[:, None] - centres[None]) / width) ** 2)
+    return baseline, bumps
+
+# %% ../nbs/01_diffusion.ipynb #ebae7f92
 class GaussianSchedule(nn.Module):
     "Learnable $\\beta_{2..T}$ around a baseline, $\\beta_1$ fixed (eq-gauss-schedule)."
     def __init__(self,
@@ -82,14 +99,7 @@ class GaussianSchedule(nn.Module):
         if int(n_bumps) < 1: raise ValueError(f"n_bumps must be a positive integer, got {n_bumps}")
         if not 0 < beta_1 < 1: raise ValueError(f"beta_1 must lie in (0, 1), got {beta_1}")
         self.T, self.beta_1 = int(T), float(beta_1)
-        f64 = dict(dtype=torch.float64)
-        t = torch.arange(1, T + 1, **f64)
-        # b_t = 1 / linspace(T, 2, T); with T = 1 only beta_1 is used
-        baseline = 1.0 / torch.linspace(T, 2, T, **f64) if T > 1 else torch.full((1,), 0.5, **f64)
-        centres = torch.linspace(2, max(T, 2), n_bumps, **f64)             # tau_j
-        spacing = float(centres[1] - centres[0]) if n_bumps > 1 else 0.0
-        width = spacing if spacing > 0 else float(T)    # delta; T <= 2 puts every centre at 2
-        bumps = torch.exp(-0.5 * ((t[:, None] - centres[None]) / width) ** 2)   # g_j(t)
+        baseline, bumps = _schedule_basis(T, n_bumps)
         self.register_buffer('logit_baseline', torch.logit(baseline).float())
         self.register_buffer('bumps', bumps.float())
         self.weights = nn.Parameter(torch.zeros(n_bumps), requires_grad=learn)  # w_j
@@ -103,7 +113,8 @@ class GaussianSchedule(nn.Module):
 # %% ../nbs/01_diffusion.ipynb #ec1cda99
 class Diffusion(nn.Module):
     "Shared forward-trajectory machinery (eq-forward-trajectory); subclasses fix the kernel."
-    def __init__(self, betas):
+    def __init__(self,
+                 betas):  # the schedule: a tensor beta_1..beta_T, or a module that returns one
         super().__init__()
         if isinstance(betas, nn.Module):
             self.schedule = betas
@@ -115,76 +126,93 @@ class Diffusion(nn.Module):
         else: self.register_buffer('fixed_betas', check_betas(betas).double())
         self.T = int(self.betas.numel())
 
-    @property
-    def device(self) -> torch.device:
-        "The device of the schedule's tensors; data must live there too."
-        for tensor in itertools.chain(self.buffers(), self.parameters()): return tensor.device
-        return torch.device('cpu')
+# %% ../nbs/01_diffusion.ipynb #0ae918e4
+@patch(as_prop=True)
+def device(self: Diffusion) -> torch.device:
+    "The device of the schedule's tensors; data must live there too."
+    for tensor in itertools.chain(self.buffers(), self.parameters()): return tensor.device
+    return torch.device('cpu')
 
-    @property
-    def betas(self) -> torch.Tensor:
-        "$\\beta_1..\\beta_T$ in float64 (differentiable when the schedule is learned)."
-        cached = self.__dict__.get('_cache')
-        if cached: return cached[0]
-        return (self.schedule() if hasattr(self, 'schedule') else self.fixed_betas).double()
+@patch(as_prop=True)
+def betas(self: Diffusion) -> torch.Tensor:
+    "$\\beta_1..\\beta_T$ in float64 (differentiable when the schedule is learned)."
+    cached = self.__dict__.get('_cache')
+    if cached: return cached[0]
+    return (self.schedule() if hasattr(self, 'schedule') else self.fixed_betas).double()
 
-    def _log_alphas_bar(self, betas):
-        # $\log\bar\alpha_t = \sum_{s\le t}\log(1-\beta_s)$, via log1p: exact for tiny $\beta_s$
-        return torch.cumsum(torch.log1p(-betas), 0)
+@patch
+@contextmanager
+def cached_schedule(self: Diffusion):
+    "Within the block, compute $\\beta$ and $\\bar\\alpha$ once and reuse them (one step)."
+    cache = (self.betas, self.alphas_bar(), self.one_minus_alphas_bar())
+    self.__dict__['_cache'] = cache
+    try: yield self
+    finally: self.__dict__.pop('_cache', None)
 
-    def alphas_bar(self) -> torch.Tensor:
-        "$\\bar\\alpha_0..\\bar\\alpha_T$ with $\\bar\\alpha_0 = 1$, indexable by t."
-        cached = self.__dict__.get('_cache')
-        if cached: return cached[1]
-        b = self.betas
-        return torch.cat([b.new_ones(1), torch.exp(self._log_alphas_bar(b))])
+# %% ../nbs/01_diffusion.ipynb #b964f2ff
+@patch
+def _log_alphas_bar(self: Diffusion, beta):
+    # $\log\bar\alpha_t = \sum_{s\le t}\log(1-\beta_s)$, via log1p: exact for tiny $\beta_s$
+    return torch.cumsum(torch.log1p(-beta), 0)
 
-    def one_minus_alphas_bar(self) -> torch.Tensor:
-        "$1-\\bar\\alpha_0..1-\\bar\\alpha_T$, accurate for tiny $\\beta$ (expm1, not 1 - ...)."
-        cached = self.__dict__.get('_cache')
-        if cached: return cached[2]
-        b = self.betas
-        return torch.cat([b.new_zeros(1), -torch.expm1(self._log_alphas_bar(b))])
+@patch
+def alphas_bar(self: Diffusion) -> torch.Tensor:
+    "$\\bar\\alpha_0..\\bar\\alpha_T$, $\\bar\\alpha_0 = 1$, indexable by t (eq-gauss-marginal)."
+    cached = self.__dict__.get('_cache')
+    if cached: return cached[1]
+    beta = self.betas
+    # $\bar\alpha_t = \exp\log\bar\alpha_t$, with $\bar\alpha_0 = 1$ in front
+    return torch.cat([beta.new_ones(1), torch.exp(self._log_alphas_bar(beta))])
 
-    @contextmanager
-    def cached_schedule(self):
-        "Within the block, compute $\\beta$ and $\\bar\\alpha$ once and reuse them (one step)."
-        cache = (self.betas, self.alphas_bar(), self.one_minus_alphas_bar())
-        self.__dict__['_cache'] = cache
-        try: yield self
-        finally: self.__dict__.pop('_cache', None)
+@patch
+def one_minus_alphas_bar(self: Diffusion) -> torch.Tensor:
+    "$1-\\bar\\alpha_0..1-\\bar\\alpha_T$, accurate for tiny $\\beta$ (expm1, not 1 - ...)."
+    cached = self.__dict__.get('_cache')
+    if cached: return cached[2]
+    beta = self.betas
+    # $1-\bar\alpha_t = -\operatorname{expm1}(\log\bar\alpha_t)$
+    return torch.cat([beta.new_zeros(1), -torch.expm1(self._log_alphas_bar(beta))])
 
-    def check_data(self, x, name='x0'):
-        "`check_data`, plus: x lives on the schedule's device."
-        x = check_data(x, name)
-        if x.device != self.device:
-            raise ValueError(f"{name} is on device {x.device} but the diffusion's schedule is on "
-                             f"{self.device}; move one of them (e.g. d.to({name}.device))")
-        return x
+# %% ../nbs/01_diffusion.ipynb #8333fb88
+@patch
+def check_data(self: Diffusion, x, name='x0'):
+    "`check_data`, plus: x lives on the schedule's device."
+    x = check_data(x, name)
+    if x.device != self.device:
+        raise ValueError(f"{name} is on device {x.device} but the diffusion's schedule is on "
+                         f"{self.device}; move one of them (e.g. d.to({name}.device))")
+    return x
 
-    def _steps(self, t, x): return check_steps(t, self.T, x.shape[0])
+@patch
+def _steps(self: Diffusion, t, x): return check_steps(t, self.T, x.shape[0])
 
-    def q_sample(self, x0, t, noise=None):
-        "Draw $x_t \\sim q(x_t | x_0)$ (eq-gauss-marginal / eq-binom-marginal); t (batch,) in 1..T."
-        x0 = self.check_data(x0)
-        return self.draw(self.marginal(x0, self._steps(t, x0)), noise)
+# %% ../nbs/01_diffusion.ipynb #13a984ac
+@patch
+def q_sample(self: Diffusion, x0, t, noise=None):
+    "Draw $x_t \\sim q(x_t | x_0)$ (eq-gauss-marginal / eq-binom-marginal); t (batch,) in 1..T."
+    x0 = self.check_data(x0)
+    return self.draw(self.marginal(x0, self._steps(t, x0)), noise)
 
-    def q_step(self, x_prev, t, noise=None):
-        "Draw $x_t \\sim q(x_t | x_{t-1})$, one forward step (eq-gauss-kernel / eq-binom-kernel)."
-        x_prev = self.check_data(x_prev, 'x_prev')
-        return self.draw(self.kernel(x_prev, self._steps(t, x_prev)), noise)
+@patch
+def q_step(self: Diffusion, x_prev, t, noise=None):
+    "Draw $x_t \\sim q(x_t | x_{t-1})$, one forward step (eq-gauss-kernel / eq-binom-kernel)."
+    x_prev = self.check_data(x_prev, 'x_prev')
+    return self.draw(self.kernel(x_prev, self._steps(t, x_prev)), noise)
 
-    def q_posterior(self, x0, xt, t):
-        "Parameters of $q(x_{t-1} | x_t, x_0)$ (eq-gauss-posterior / eq-binom-posterior)."
-        x0, xt = self.check_data(x0), self.check_data(xt, 'xt')
-        if x0.shape != xt.shape:
-            raise ValueError("x0 and xt must have the same shape, "
-                             f"got {tuple(x0.shape)} and {tuple(xt.shape)}")
-        return self.posterior(x0, xt, self._steps(t, x0))
+@patch
+def q_posterior(self: Diffusion, x0, xt, t):
+    "Parameters of $q(x_{t-1} | x_t, x_0)$ (eq-gauss-posterior / eq-binom-posterior)."
+    x0, xt = self.check_data(x0), self.check_data(xt, 'xt')
+    if x0.shape != xt.shape:
+        raise ValueError("x0 and xt must have the same shape, "
+                         f"got {tuple(x0.shape)} and {tuple(xt.shape)}")
+    return self.posterior(x0, xt, self._steps(t, x0))
 
-    def l_null(self, event_shape) -> float:
-        "$L_{null}$, nats per example: $E\\log\\pi(x)$ for data with $\\pi$'s moments."
-        return -self.stationary_entropy_per_dim() * math.prod(event_shape)
+# %% ../nbs/01_diffusion.ipynb #7ec54733
+@patch
+def l_null(self: Diffusion, event_shape) -> float:
+    "$L_{null}$, nats per example: $E\\log\\pi(x)$ for data with $\\pi$'s moments."
+    return -self.stationary_entropy_per_dim() * math.prod(event_shape)
 
 def check_output_device(xt, *outputs):
     "A reverse model's outputs must live on the device of its input."
@@ -209,66 +237,94 @@ LOG_2PI = math.log(2 * math.pi)
 
 class GaussianDiffusion(Diffusion):
     "Gaussian diffusion into $\\pi = N(0, I)$ (Table App.1, left column)."
-    def kernel(self, x_prev, t):                                    # eq-gauss-kernel
-        beta = per_step(self.betas, t - 1, x_prev)                  # $\beta_t$
-        return (1 - beta).sqrt() * x_prev, beta.expand_as(x_prev)
 
-    def marginal(self, x0, t):                                      # eq-gauss-marginal
-        ab, om = self.alphas_bar(), self.one_minus_alphas_bar()     # float64; cast after gathering
-        return per_step(ab.sqrt(), t, x0) * x0, per_step(om, t, x0).expand_as(x0)
+@patch
+def kernel(self: GaussianDiffusion, x_prev, t):
+    "Mean and variance of $q(x_t | x_{t-1})$ (eq-gauss-kernel)."
+    beta = per_step(self.betas, t - 1, x_prev)                  # $\beta_t$
+    # $\mathcal N(\sqrt{1-\beta_t}\,x_{t-1},\ \beta_t)$
+    return (1 - beta).sqrt() * x_prev, beta.expand_as(x_prev)
 
-    def posterior(self, x0, xt, t):                                 # eq-gauss-posterior
-        b, ab, om = self.betas, self.alphas_bar(), self.one_minus_alphas_bar()
-        ab_prev, om_prev, om_t = ab[:-1], om[:-1], om[1:]           # vectors over t = 1..T
-        # $\sqrt{\bar\alpha_{t-1}}\,\beta_t/(1-\bar\alpha_t)$
-        coef_0 = ab_prev.sqrt() * b / om_t
-        # $\sqrt{\alpha_t}\,(1-\bar\alpha_{t-1})/(1-\bar\alpha_t)$
-        coef_t = (1 - b).sqrt() * om_prev / om_t
-        var = om_prev * b / om_t                  # $\tilde\beta_t$
-        i = t - 1
-        mean = per_step(coef_0, i, x0) * x0 + per_step(coef_t, i, x0) * xt
-        return mean, per_step(var, i, x0).expand_as(x0)
+@patch
+def marginal(self: GaussianDiffusion, x0, t):
+    "Mean and variance of $q(x_t | x_0)$ (eq-gauss-marginal)."
+    alpha_bar, one_minus_alpha_bar = self.alphas_bar(), self.one_minus_alphas_bar()   # float64
+    # $\mathcal N(\sqrt{\bar\alpha_t}\,x_0,\ 1-\bar\alpha_t)$, cast after gathering
+    mean = per_step(alpha_bar.sqrt(), t, x0) * x0
+    return mean, per_step(one_minus_alpha_bar, t, x0).expand_as(x0)
 
-    def stationary(self, like):  return torch.zeros_like(like), torch.ones_like(like)
+# %% ../nbs/01_diffusion.ipynb #08f45532
+@patch
+def posterior(self: GaussianDiffusion, x0, xt, t):
+    "Mean and variance of $q(x_{t-1} | x_t, x_0)$ (eq-gauss-posterior)."
+    beta, alpha_bar, one_minus = self.betas, self.alphas_bar(), self.one_minus_alphas_bar()
+    # vectors over t = 1..T: $\bar\alpha_{t-1}$, $1-\bar\alpha_{t-1}$, $1-\bar\alpha_t$
+    alpha_bar_prev, one_minus_prev, one_minus_t = alpha_bar[:-1], one_minus[:-1], one_minus[1:]
+    # $\sqrt{\bar\alpha_{t-1}}\,\beta_t/(1-\bar\alpha_t)$
+    coef_0 = alpha_bar_prev.sqrt() * beta / one_minus_t
+    # $\sqrt{\alpha_t}\,(1-\bar\alpha_{t-1})/(1-\bar\alpha_t)$
+    coef_t = (1 - beta).sqrt() * one_minus_prev / one_minus_t
+    # $\tilde\beta_t = (1-\bar\alpha_{t-1})\,\beta_t/(1-\bar\alpha_t)$
+    var = one_minus_prev * beta / one_minus_t
+    i = t - 1
+    # $\tilde\mu_t$ = coef_0 x_0 + coef_t x_t
+    mean = per_step(coef_0, i, x0) * x0 + per_step(coef_t, i, x0) * xt
+    return mean, per_step(var, i, x0).expand_as(x0)
 
-    def draw(self, params, noise=None):
-        mean, var = params
-        noise = torch.randn_like(mean) if noise is None else noise
-        return mean + var.sqrt() * noise
+# %% ../nbs/01_diffusion.ipynb #4844c8c2
+@patch
+def stationary(self: GaussianDiffusion, like):
+    "$\\pi = N(0, I)$ as (mean, var) shaped like `like`."
+    return torch.zeros_like(like), torch.ones_like(like)
 
-    def log_prob(self, x, params):
-        "$\\log N(x; mean, var)$ summed over data dimensions."
-        mean, var = params
-        return -0.5 * sum_data_dims(LOG_2PI + var.log() + (x - mean) ** 2 / var)
+@patch
+def draw(self: GaussianDiffusion, params, noise=None):
+    "Draw from N(mean, var); `noise` (standard normal) may be passed to fix the randomness."
+    mean, var = params
+    noise = torch.randn_like(mean) if noise is None else noise
+    return mean + var.sqrt() * noise
 
-    def kl(self, q, p):
-        "$D_{KL}(N(q) \\| N(p))$ per example, diagonal covariances."
-        (m1, v1), (m2, v2) = q, p
-        return 0.5 * sum_data_dims(v2.log() - v1.log() + (v1 + (m1 - m2) ** 2) / v2 - 1)
+@patch
+def log_prob(self: GaussianDiffusion, x, params):
+    "$\\log N(x; mean, var)$ summed over data dimensions."
+    mean, var = params
+    return -0.5 * sum_data_dims(LOG_2PI + var.log() + (x - mean) ** 2 / var)
 
-    def entropy(self, params):
-        "Differential entropy of a diagonal Gaussian, per example."
-        return 0.5 * sum_data_dims(LOG_2PI + 1 + params[1].log())
+# %% ../nbs/01_diffusion.ipynb #cdea2ead
+@patch
+def kl(self: GaussianDiffusion, q, p):
+    "$D_{KL}(N(q) \\| N(p))$ per example, diagonal covariances."
+    (m1, v1), (m2, v2) = q, p
+    # $\frac12\sum[\log v_2 - \log v_1 + (v_1 + (m_1-m_2)^2)/v_2 - 1]$
+    return 0.5 * sum_data_dims(v2.log() - v1.log() + (v1 + (m1 - m2) ** 2) / v2 - 1)
 
-    def stationary_entropy_per_dim(self): return 0.5 * (LOG_2PI + 1)
+@patch
+def entropy(self: GaussianDiffusion, params):
+    "Differential entropy of a diagonal Gaussian, per example."
+    return 0.5 * sum_data_dims(LOG_2PI + 1 + params[1].log())
 
-    def check_reverse(self, out, xt):
-        "Validate a reverse model's output: tensors (mean, var) of xt's shape and device, var > 0."
-        if not (isinstance(out, (tuple, list)) and len(out) == 2):
-            raise TypeError("a Gaussian reverse model must return (mean, var), "
-                            f"got {type(out).__name__}")
-        mean, var = out
-        if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
-            raise TypeError("a Gaussian reverse model must return torch tensors (mean, var), "
-                            f"got ({type(mean).__name__}, {type(var).__name__})")
-        check_output_device(xt, mean, var)
-        if mean.shape != xt.shape or var.shape != xt.shape:
-            raise ValueError(f"reverse model returned mean {tuple(mean.shape)} and var "
-                             f"{tuple(var.shape)}; expected {tuple(xt.shape)}")
-        if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
-            raise ValueError("reverse model returned NaN or inf")
-        if (var <= 0).any(): raise ValueError("reverse model returned a non-positive variance")
-        return mean, var
+@patch
+def stationary_entropy_per_dim(self: GaussianDiffusion): return 0.5 * (LOG_2PI + 1)
+
+# %% ../nbs/01_diffusion.ipynb #1c814c91
+@patch
+def check_reverse(self: GaussianDiffusion, out, xt):
+    "Validate a reverse model's output: tensors (mean, var) of xt's shape and device, var > 0."
+    if not (isinstance(out, (tuple, list)) and len(out) == 2):
+        raise TypeError("a Gaussian reverse model must return (mean, var), "
+                        f"got {type(out).__name__}")
+    mean, var = out
+    if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
+        raise TypeError("a Gaussian reverse model must return torch tensors (mean, var), "
+                        f"got ({type(mean).__name__}, {type(var).__name__})")
+    check_output_device(xt, mean, var)
+    if mean.shape != xt.shape or var.shape != xt.shape:
+        raise ValueError(f"reverse model returned mean {tuple(mean.shape)} and var "
+                         f"{tuple(var.shape)}; expected {tuple(xt.shape)}")
+    if not (torch.isfinite(mean).all() and torch.isfinite(var).all()):
+        raise ValueError("reverse model returned NaN or inf")
+    if (var <= 0).any(): raise ValueError("reverse model returned a non-positive variance")
+    return mean, var
 
 # %% ../nbs/01_diffusion.ipynb #6037fd10
 def bernoulli_log_prob(x, prob):
@@ -277,67 +333,94 @@ def bernoulli_log_prob(x, prob):
 
 class BinomialDiffusion(Diffusion):
     "Binomial diffusion into independent Bernoulli(p) bits (Table App.1, right column)."
-    def __init__(self, betas, p: float = 0.5):
+    def __init__(self,
+                 betas,               # the schedule, as for `Diffusion`
+                 p: float = 0.5):     # the stationary rate: pi = Bernoulli(p) for every bit
         super().__init__(betas)
         if not 0 < float(p) < 1:
             raise ValueError(f"the stationary rate p must lie in (0, 1), got {p}")
         self.p = float(p)
 
     def check_data(self, x, name='x0'):
+        "`Diffusion.check_data`, plus: x is binary."
         x = super().check_data(x, name)
         if ((x != 0) & (x != 1)).any():
             raise ValueError(f"{name} must be binary (0/1) for binomial diffusion")
         return x
 
-    def kernel(self, x_prev, t):                                    # eq-binom-kernel
-        beta = per_step(self.betas, t - 1, x_prev)
-        return x_prev * (1 - beta) + self.p * beta
+# %% ../nbs/01_diffusion.ipynb #6f1cada8
+@patch
+def kernel(self: BinomialDiffusion, x_prev, t):
+    "$P(x_t = 1 | x_{t-1})$ (eq-binom-kernel)."
+    beta = per_step(self.betas, t - 1, x_prev)                  # $\beta_t$
+    # $x_{t-1}(1-\beta_t) + p\,\beta_t$
+    return x_prev * (1 - beta) + self.p * beta
 
-    def marginal(self, x0, t):                                      # eq-binom-marginal
-        ab, om = per_step(self.alphas_bar(), t, x0), per_step(self.one_minus_alphas_bar(), t, x0)
-        return ab * x0 + om * self.p
+@patch
+def marginal(self: BinomialDiffusion, x0, t):
+    "$P(x_t = 1 | x_0)$ (eq-binom-marginal)."
+    alpha_bar = per_step(self.alphas_bar(), t, x0)
+    one_minus_alpha_bar = per_step(self.one_minus_alphas_bar(), t, x0)
+    # $\bar\alpha_t x_0 + (1-\bar\alpha_t)\,p$
+    return alpha_bar * x0 + one_minus_alpha_bar * self.p
 
-    def posterior(self, x0, xt, t):                                 # eq-binom-posterior
-        betas, ab, om = self.betas, self.alphas_bar(), self.one_minus_alphas_bar()
-        beta, ab_prev, om_prev = (per_step(v, t - 1, x0) for v in (betas, ab, om))
-        m_prev = ab_prev * x0 + om_prev * self.p                    # $m_{t-1}$
-        k1 = (1 - beta) + self.p * beta                             # P(x_t = 1 | x_{t-1} = 1)
-        k0 = self.p * beta                                          # P(x_t = 1 | x_{t-1} = 0)
-        k1, k0 = torch.where(xt > 0.5, k1, 1 - k1), torch.where(xt > 0.5, k0, 1 - k0)
-        return k1 * m_prev / (k1 * m_prev + k0 * (1 - m_prev))
+# %% ../nbs/01_diffusion.ipynb #c7990511
+@patch
+def posterior(self: BinomialDiffusion, x0, xt, t):
+    "$P(x_{t-1} = 1 | x_t, x_0)$ (eq-binom-posterior)."
+    betas, alpha_bar, one_minus = self.betas, self.alphas_bar(), self.one_minus_alphas_bar()
+    beta, alpha_bar_prev, one_minus_prev = (per_step(v, t - 1, x0)
+                                            for v in (betas, alpha_bar, one_minus))
+    # $m_{t-1} = \bar\alpha_{t-1} x_0 + (1-\bar\alpha_{t-1})\,p$
+    m_prev = alpha_bar_prev * x0 + one_minus_prev * self.p
+    k1 = (1 - beta) + self.p * beta                             # P(x_t = 1 | x_{t-1} = 1)
+    k0 = self.p * beta                                          # P(x_t = 1 | x_{t-1} = 0)
+    # $k_t(u) = P(x_t = x \mid x_{t-1} = u)$ for the observed $x = x_t$
+    k1, k0 = torch.where(xt > 0.5, k1, 1 - k1), torch.where(xt > 0.5, k0, 1 - k0)
+    # $k_t(1)\,m_{t-1} / (k_t(1)\,m_{t-1} + k_t(0)\,(1-m_{t-1}))$
+    return k1 * m_prev / (k1 * m_prev + k0 * (1 - m_prev))
 
-    def stationary(self, like): return torch.full_like(like, self.p)
+# %% ../nbs/01_diffusion.ipynb #f60695e9
+@patch
+def stationary(self: BinomialDiffusion, like):
+    "$\\pi = B(p)$ for every bit, shaped like `like`."
+    return torch.full_like(like, self.p)
 
-    def draw(self, prob, noise=None):
-        "Bernoulli draw; `noise` (uniform on [0,1)) may be passed to fix the randomness."
-        u = torch.rand_like(prob) if noise is None else noise
-        return (u < prob).to(prob.dtype)
+@patch
+def draw(self: BinomialDiffusion, prob, noise=None):
+    "Bernoulli draw; `noise` (uniform on [0,1)) may be passed to fix the randomness."
+    u = torch.rand_like(prob) if noise is None else noise
+    return (u < prob).to(prob.dtype)
 
-    def log_prob(self, x, prob): return sum_data_dims(bernoulli_log_prob(x, prob))
+@patch
+def log_prob(self: BinomialDiffusion, x, prob): return sum_data_dims(bernoulli_log_prob(x, prob))
 
-    def kl(self, q, p):
-        "$D_{KL}(B(q) \\| B(p))$ per example."
-        return sum_data_dims(bernoulli_log_prob(q, q) - bernoulli_log_prob(q, p))
+@patch
+def kl(self: BinomialDiffusion, q, p):
+    "$D_{KL}(B(q) \\| B(p))$ per example."
+    return sum_data_dims(bernoulli_log_prob(q, q) - bernoulli_log_prob(q, p))
 
-    def entropy(self, prob): return -sum_data_dims(bernoulli_log_prob(prob, prob))
+@patch
+def entropy(self: BinomialDiffusion, prob): return -sum_data_dims(bernoulli_log_prob(prob, prob))
 
-    def stationary_entropy_per_dim(self):
-        p = self.p
-        return -(p * math.log(p) + (1 - p) * math.log(1 - p))
+@patch
+def stationary_entropy_per_dim(self: BinomialDiffusion):
+    "$H(p) = -p\\log p - (1-p)\\log(1-p)$ nats."
+    p = self.p
+    return -(p * math.log(p) + (1 - p) * math.log(1 - p))
 
-    def check_reverse(self, prob, xt):
-        "Validate a reverse model's output: probabilities in [0, 1] of xt's shape and device."
-        if not isinstance(prob, torch.Tensor):
-            raise TypeError("a binomial reverse model must return a torch tensor of probabilities "
-                            f"of shape {tuple(xt.shape)}, got {type(prob).__name__}")
-        check_output_device(xt, prob)
-        if prob.shape != xt.shape:
-            raise ValueError(f"reverse model returned shape {tuple(prob.shape)}; "
-                             f"expected {tuple(xt.shape)}")
-        if not torch.isfinite(prob).all(): raise ValueError("reverse model returned NaN or inf")
-        if ((prob < 0) | (prob > 1)).any():
-            raise ValueError("reverse model returned probabilities outside [0, 1]")
-        return prob
-
-# %% ../nbs/01_diffusion.ipynb #552a1d84
-from . import bound as _bound, entropy as _entropy  # noqa: E402  (see 02_bound, 03_entropy)
+# %% ../nbs/01_diffusion.ipynb #b12ffff5
+@patch
+def check_reverse(self: BinomialDiffusion, prob, xt):
+    "Validate a reverse model's output: probabilities in [0, 1] of xt's shape and device."
+    if not isinstance(prob, torch.Tensor):
+        raise TypeError("a binomial reverse model must return a torch tensor of probabilities "
+                        f"of shape {tuple(xt.shape)}, got {type(prob).__name__}")
+    check_output_device(xt, prob)
+    if prob.shape != xt.shape:
+        raise ValueError(f"reverse model returned shape {tuple(prob.shape)}; "
+                         f"expected {tuple(xt.shape)}")
+    if not torch.isfinite(prob).all(): raise ValueError("reverse model returned NaN or inf")
+    if ((prob < 0) | (prob > 1)).any():
+        raise ValueError("reverse model returned probabilities outside [0, 1]")
+    return prob
