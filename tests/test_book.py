@@ -181,3 +181,79 @@ def test_exported_code_fits_the_page():
         long += [f'{p.relative_to(ROOT)}:{i}: {len(l)} chars' for i, l in enumerate(text.splitlines(), 1)
                  if len(l) > 100 and i not in skip]
     assert not long, f'{len(long)} line(s) over 100 characters (edit the notebooks):\n' + '\n'.join(long)
+
+
+# --- how a chapter reads (STYLE.md, issue 12): checked on the notebooks themselves --------------
+
+MAX_EXPORT_CELL_LINES = 30
+
+
+def _cells(nb):
+    return json.loads(Path(nb).read_text())['cells']
+
+
+def _is_export(cell):
+    return cell['cell_type'] == 'code' and any(
+        l.startswith('#|') and nbdev_directives._directive(l)[0] in nbdev_directives.EXPORTS
+        for l in ''.join(cell['source']).splitlines())
+
+
+def export_cell_lengths():
+    """(lines, chapter, first line) of every export cell of every notebook."""
+    return sorted(((len(''.join(c['source']).splitlines()), nb.name,
+                    ''.join(c['source']).splitlines()[1:2])
+                   for nb in (ROOT / 'nbs').glob('*.ipynb') for c in _cells(nb) if _is_export(c)),
+                  reverse=True)
+
+
+def test_export_cells_are_small():
+    """Classes and loops are built piece by piece under their equations (STYLE.md section 2)."""
+    lengths = export_cell_lengths()
+    long = [x for x in lengths if x[0] > MAX_EXPORT_CELL_LINES]
+    assert not long, f'export cells over {MAX_EXPORT_CELL_LINES} lines: {long}'
+
+
+def _h2(nb):
+    return [l[3:].strip() for c in _cells(nb) if c['cell_type'] == 'markdown'
+            for l in ''.join(c['source']).splitlines() if l.startswith('## ')]
+
+
+@pytest.mark.parametrize('nb', [p for p in chapters() if p.stem != 'index'], ids=lambda p: p.stem)
+def test_chapter_ends_with_summary_and_exercises(nb):
+    heads = _h2(nb)
+    assert heads[-2:] == ['Summary', 'Exercises'], (
+        f'{nb.name}: the last two sections must be "Summary" and "Exercises", found {heads[-3:]}')
+    cells = _cells(nb)
+    start = max(i for i, c in enumerate(cells) if c['cell_type'] == 'markdown'
+                and '## Exercises' in ''.join(c['source']))
+    exercises = '\n'.join(''.join(c['source']) for c in cells[start:] if c['cell_type'] == 'markdown')
+    hints = len(re.findall(r'\{admonition\}\s*Hint', exercises))
+    assert 2 <= hints <= 4, f'{nb.name}: {hints} exercise hints (two or three exercises, each with one)'
+
+
+GLUE_FIGURE = re.compile(r'```\{glue:figure\}[ \t]*(\S+)\n((?::\w+:[^\n]*\n)*)\n*(.*?)```', re.S)
+
+
+@pytest.mark.parametrize('nb', chapters(), ids=lambda p: p.stem)
+def test_figures_are_captioned_named_and_referenced(nb):
+    """Every {glue:figure} has a :name:, a caption, and a {numref} to it in the chapter's text."""
+    text = '\n'.join(''.join(c['source']) for c in _cells(nb) if c['cell_type'] == 'markdown')
+    for key, options, caption in GLUE_FIGURE.findall(text):
+        name = re.search(r':name:\s*(\S+)', options)
+        assert name, f'{nb.name}: glue figure {key} has no :name:'
+        assert len(caption.split()) >= 5, f'{nb.name}: figure {key} has no caption saying what to see'
+        assert re.search(r'\{numref\}`[^`]*' + re.escape(name[1]) + '>?`', text), (
+            f'{nb.name}: figure {name[1]} is never referenced with {{numref}}')
+
+
+@pytest.mark.parametrize('nb', chapters(), ids=lambda p: p.stem)
+def test_figures_are_glued_not_bare(nb):
+    """A figure is shown through {glue:figure} with its caption, not by a bare `plt.show()`."""
+    bare = []
+    for cell in _cells(nb):
+        if cell['cell_type'] != 'code': continue
+        c = nbdev_directives.translate(json.loads(json.dumps(cell)))
+        if NOT_SHOWN & set(c.get('metadata', {}).get('tags', [])): continue
+        code = _code(''.join(c['source']))
+        if code and re.search(r'(^|[;\s])plt\.show\(\)\s*;?$', code[-1]): bare.append(code[0])
+    assert not bare, f'{nb.name}: figures shown without a caption (glue them): {bare}'
