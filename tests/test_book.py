@@ -257,3 +257,11 @@ def test_figures_are_glued_not_bare(nb):
         code = _code(''.join(c['source']))
         if code and re.search(r'(^|[;\s])plt\.show\(\)\s*;?$', code[-1]): bare.append(code[0])
     assert not bare, f'{nb.name}: figures shown without a caption (glue them): {bare}'
+
+
+def test_equation_references_are_not_doubly_parenthesised():
+    """{eq} already renders as "(n)": "({eq}`x`)" would read "((n))" in the book."""
+    pat = re.compile(r'\((\{eq\}`[a-z0-9-]+`(?:(?:,\s+|\s+and\s+)\{eq\}`[a-z0-9-]+`)*)\)')
+    found = [(nb.name, m.group(0)) for nb in chapters() for c in _cells(nb)
+             if c['cell_type'] == 'markdown' for m in pat.finditer(''.join(c['source']))]
+    assert not found, f'equation references in parentheses: {found}'
