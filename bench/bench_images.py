@@ -2,7 +2,9 @@
 """Training throughput (images/s) of the dpm image model against a plain PyTorch implementation.
 
 One training step is what `dpm.training.train` does per step: a batch of images, stratified time
-steps, the one-step bound estimate `d.bound_estimate` (eq-k-estimator), backward, an Adam step. The
+steps, the one-step bound estimate `d.bound_estimate` (eq-k-estimator), backward, an Adam step; its
+input checks are deferred (`dpm.diffusion.deferred_checks`) and read from the device once, after
+backward, where training reads the loss. The plain step reads nothing. The
 plain implementation below is written without any dpm code (its own multi-scale convolution, 1x1
 layers, temporal bumps, kernel and one-step Gaussian KL loss) and has the same architecture: its
 parameters are copied from the dpm model and the two must give the same kernel (checked first).
@@ -20,7 +22,7 @@ start after `--budget` seconds (CUDA default 170) are skipped, so the GPU part s
     PYTHONPATH=. python bench/bench_images.py --device cuda      # GPU: all modes, batch 128 and 512
     python bench/bench_images.py --device cuda --archs cifar10 --batch 512 --modes bf16_cl_compile
 """
-import argparse, datetime, json, math, os, platform, sys, time
+import argparse, contextlib, datetime, json, math, os, platform, sys, time
 from pathlib import Path
 
 import torch
@@ -160,6 +162,7 @@ def copy_and_check(arch, device):
 def setup(arch, impl, batch, mode, device, seed):
     "A training step of one implementation, ready to run: returns (step, n_params)."
     from dpm.training import stratified_steps
+    from dpm.diffusion import deferred_checks
     torch.manual_seed(seed)
     d, rev, plain, n_params, _ = copy_and_check(arch, device)
     net = rev if impl == 'dpm' else plain
@@ -172,14 +175,17 @@ def setup(arch, impl, batch, mode, device, seed):
 
     def step():
         x0 = pool[torch.randint(len(pool), (batch,), device=device)]
-        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-            if impl == 'dpm':                                   # as dpm.training.train does
-                ts = stratified_steps(batch, T, device)
-                with d.cached_schedule():
-                    loss = -d.bound_estimate(call, x0, t=ts).mean()
-            else:
-                loss = loss_fn(call, x0, plain_steps(batch, device))
-        opt.zero_grad(set_to_none=True); loss.backward(); opt.step()
+        # dpm as dpm.training.train steps: its input checks deferred, read once after backward
+        with deferred_checks() if impl == 'dpm' else contextlib.nullcontext():
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+                if impl == 'dpm':
+                    ts = stratified_steps(batch, T, device)
+                    with d.cached_schedule():
+                        loss = -d.bound_estimate(call, x0, t=ts).mean()
+                else:
+                    loss = loss_fn(call, x0, plain_steps(batch, device))
+            opt.zero_grad(set_to_none=True); loss.backward()
+        opt.step()
         return loss
     return step, n_params
 

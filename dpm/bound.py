@@ -83,9 +83,9 @@ def prior_term(d: Diffusion, x0):
     return -d.kl(q_T, d.stationary(x0))
 
 def kl_terms(d: Diffusion, reverse, x0, t, noise=None):
-    "$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, one draw of $x_t$ per example (eq-k-general)."
+    "$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, steps t >= 2, one $x_t$ each (eq-k-general)."
     xt = d.draw(d.marginal(x0, t), noise)                          # $x_t \sim q(x_t | x_0)$
-    return d.kl(d.posterior(x0, xt, t), reverse_step(d, reverse, xt, t))
+    return d.kl(d.posterior(x0, xt, t), d.check_reverse(reverse(xt, t), xt))
 
 # %% ../nbs/02_bound.ipynb #63f068e1
 @patch

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 from fastcore.basics import patch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from .diffusion import Diffusion, GaussianDiffusion, nats_to_bits, LN2
+from .diffusion import Diffusion, GaussianDiffusion, nats_to_bits, LN2, deferred_checks
 from .config import small_scale
 
 # %% ../nbs/05_training.ipynb #1d6e4673
@@ -456,11 +456,12 @@ def _minibatch(d: Diffusion, train_data, cfg: TrainConfig, gen, share: tuple, fm
 def _step(state: _RunState, objective, batch: tuple, cfg: TrainConfig, t_start: float) -> bool:
     "One ascent step on the one-step estimate (eq-k-estimator); True when the run must stop."
     for g in state.opt.param_groups: g['lr'] = _lr(cfg, state.step)
-    loss = -objective(*batch).mean()
-    state.opt.zero_grad(set_to_none=True); loss.backward()  # DDP: gradients averaged over ranks
-    elapsed = time.perf_counter() - t_start
-    stop = cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes
-    loss_value, stop = _agree(loss, stop)
+    with deferred_checks():       # input checks read from the device once, with the loss
+        loss = -objective(*batch).mean()
+        state.opt.zero_grad(set_to_none=True); loss.backward()  # DDP: gradients averaged
+        elapsed = time.perf_counter() - t_start
+        stop = cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes
+        loss_value, stop = _agree(loss, stop)
     if not math.isfinite(loss_value):
         raise FloatingPointError(f"the bound estimate became {loss_value} "
                                  f"at step {state.step}")

@@ -207,3 +207,83 @@ def test_exported_core_lines_fit_the_page(module):
     if generated: text = text.replace(generated.group(0), '')
     long = [i + 1 for i, line in enumerate(text.splitlines()) if len(line) > 100]
     assert not long, f'dpm/{module}.py: lines longer than 100 characters: {long}'
+
+
+# --- value checks without waiting for the device (issue 9: host syncs in the training step) -----
+
+READS = ('__bool__', 'item', 'tolist', '__int__', '__float__', '__index__')
+
+
+def count_host_reads(fn):
+    """How many times `fn` reads a tensor's value back to Python (each one a sync on a GPU)."""
+    calls = []
+    saved = {n: getattr(torch.Tensor, n) for n in READS}
+    def counting(name):
+        def read(self, *a, **k):
+            calls.append(name)
+            return saved[name](self, *a, **k)
+        return read
+    try:
+        for n in READS: setattr(torch.Tensor, n, counting(n))
+        fn()
+    finally:
+        for n, f in saved.items(): setattr(torch.Tensor, n, f)
+    return len(calls)
+
+
+def test_a_deferred_training_step_reads_the_device_once():
+    from dpm.diffusion import deferred_checks
+    from dpm.image_network import ImageReverse
+    from dpm.training import stratified_steps
+    torch.manual_seed(0)
+    d = GaussianDiffusion(GaussianSchedule(100, learn=False))
+    rev = ImageReverse(d, (1, 8, 8), n_scales=2, conv_channels=4, conv_layers=1, hidden_1x1=8,
+                       layers_1x1=1, n_bumps=3)
+    x0, t = torch.randn(4, 1, 8, 8), stratified_steps(4, 100, torch.device('cpu'))
+    def step():
+        (-d.bound_estimate(rev, x0, t=t).mean()).backward()
+    def deferred_step():
+        with deferred_checks() as checks:
+            step()
+            assert len(checks.pending) >= 4          # recorded, none read yet
+    assert count_host_reads(step) >= 4                 # each value check waits for the device
+    assert count_host_reads(deferred_step) == 1        # all of them read at once, at the end
+
+
+def _gauss_model(mean_value=0.0, var_value=1.0):
+    return lambda xt, t: (torch.full_like(xt, mean_value), torch.full_like(xt, var_value))
+
+
+@pytest.mark.parametrize('case, message', [
+    ('nan data', 'x0 contains NaN or inf'),
+    ('step out of range', 'time steps must lie in 2..10'),
+    ('nan output', 'reverse model returned NaN or inf'),
+    ('negative variance', 'reverse model returned a non-positive variance'),
+])
+def test_deferred_checks_raise_what_immediate_checks_raise(case, message):
+    from dpm.diffusion import deferred_checks
+    d = GaussianDiffusion(torch.full((10,), 0.1))
+    x0, t, model = torch.zeros(3, 2), steps(5, 3), _gauss_model()
+    if case == 'nan data': x0 = x0.clone(); x0[1, 0] = float('nan')
+    if case == 'step out of range': t = torch.tensor([5, 11, 3])
+    if case == 'nan output': model = _gauss_model(mean_value=float('nan'))
+    if case == 'negative variance': model = _gauss_model(var_value=-1.0)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        d.bound_estimate(model, x0, t=t)
+    def deferred():
+        with deferred_checks():
+            d.bound_estimate(model, x0, t=t)      # no raise in here: the block's end raises
+    with pytest.raises(ValueError, match=re.escape(message)):
+        deferred()
+
+
+def test_deferred_binomial_checks():
+    from dpm.diffusion import deferred_checks
+    bd = BinomialDiffusion(binomial_schedule(5))
+    with pytest.raises(ValueError, match='must be binary'):
+        with deferred_checks(): bd.check_data(torch.tensor([[0.0, 0.5]]))
+    with pytest.raises(ValueError, match=re.escape('outside [0, 1]')):
+        with deferred_checks(): bd.check_reverse(torch.full((1, 2), 1.5), torch.zeros(1, 2))
+    with deferred_checks() as checks:                  # clean data: verified and forgotten
+        bd.check_data(torch.tensor([[0.0, 1.0]]))
+    assert checks.pending == []

@@ -8,5 +8,7 @@ export DPM_SMALL=${DPM_SMALL:-0}
 # CLI choose Agg themselves.
 unset MPLBACKEND
 t0=$SECONDS
-jupyter-book build . --warningiserror --keep-going "$@"
+# --all: Sphinx re-reads (so re-executes) only changed sources by default; a book built at the
+# other scale (e.g. by tools/test.sh, DPM_SMALL=1) would be kept and labelled as this one.
+jupyter-book build . --all --warningiserror --keep-going "$@"
 echo "Book built in $((SECONDS - t0)) s. Open: file://$PWD/_build/html/index.html"
