@@ -48,22 +48,30 @@ def _code(source):
     return [l for l in lines if l.strip()]
 
 
-def declared(nb_path):
-    """(static images, animations) the notebook's source promises to show in the book."""
-    nb = json.loads(Path(nb_path).read_text())
-    images = animations = 0
-    for cell in nb['cells']:
-        source = ''.join(cell['source'])
-        if cell['cell_type'] == 'markdown':
-            images += len(re.findall(r'\{glue:figure\}', source))
-            continue
+def _cells(nb):
+    return json.loads(Path(nb).read_text())['cells']
+
+
+def shown_code(nb_path):
+    """(source, code lines) of every code cell the book shows, directives stripped (`_code`)."""
+    for cell in _cells(nb_path):
         if cell['cell_type'] != 'code': continue
         c = nbdev_directives.translate(json.loads(json.dumps(cell)))
         if NOT_SHOWN & set(c.get('metadata', {}).get('tags', [])): continue
         text = ''.join(c['source'])              # translate() leaves a cell without directives as is
-        code = _code(text)
-        if not code: continue
-        if re.search(r'(^|[;\s])plt\.show\(\)\s*;?$', code[-1]): images += 1
+        if _code(text): yield text, _code(text)
+
+
+SHOWS_FIGURE = re.compile(r'(^|[;\s])plt\.show\(\)\s*;?$')      # a cell ending in plt.show()
+
+
+def declared(nb_path):
+    """(static images, animations) the notebook's source promises to show in the book."""
+    images = sum(len(re.findall(r'\{glue:figure\}', ''.join(c['source'])))
+                 for c in _cells(nb_path) if c['cell_type'] == 'markdown')
+    animations = 0
+    for text, code in shown_code(nb_path):
+        if SHOWS_FIGURE.search(code[-1]): images += 1
         for call in re.findall(r'glue\(\s*[\'"][^\'"]+[\'"]\s*,\s*fig\w*[^)]*\)', text):
             if not re.search(r'display\s*=\s*False', call): images += 1
         animations += text.count('.to_jshtml(')
@@ -75,8 +83,7 @@ DRAWING = re.compile(r'plt\.(subplots|figure)\(|\.(savefig|imshow|scatter)\(')
 
 def draws(nb_path):
     """Whether any code cell of the notebook draws with matplotlib (shown or not)."""
-    nb = json.loads(Path(nb_path).read_text())
-    return any(DRAWING.search(''.join(c['source'])) for c in nb['cells'] if c['cell_type'] == 'code')
+    return any(DRAWING.search(''.join(c['source'])) for c in _cells(nb_path) if c['cell_type'] == 'code')
 
 
 class _Images(html.parser.HTMLParser):
@@ -188,21 +195,13 @@ def test_exported_code_fits_the_page():
 MAX_EXPORT_CELL_LINES = 30
 
 
-def _cells(nb):
-    return json.loads(Path(nb).read_text())['cells']
-
-
-def _is_export(cell):
-    return cell['cell_type'] == 'code' and any(
-        l.startswith('#|') and nbdev_directives._directive(l)[0] in nbdev_directives.EXPORTS
-        for l in ''.join(cell['source']).splitlines())
 
 
 def export_cell_lengths():
     """(lines, chapter, first line) of every export cell of every notebook."""
     return sorted(((len(''.join(c['source']).splitlines()), nb.name,
                     ''.join(c['source']).splitlines()[1:2])
-                   for nb in (ROOT / 'nbs').glob('*.ipynb') for c in _cells(nb) if _is_export(c)),
+                   for nb in (ROOT / 'nbs').glob('*.ipynb') for c in _cells(nb) if nbdev_directives.is_export(c)),
                   reverse=True)
 
 
@@ -249,13 +248,7 @@ def test_figures_are_captioned_named_and_referenced(nb):
 @pytest.mark.parametrize('nb', chapters(), ids=lambda p: p.stem)
 def test_figures_are_glued_not_bare(nb):
     """A figure is shown through {glue:figure} with its caption, not by a bare `plt.show()`."""
-    bare = []
-    for cell in _cells(nb):
-        if cell['cell_type'] != 'code': continue
-        c = nbdev_directives.translate(json.loads(json.dumps(cell)))
-        if NOT_SHOWN & set(c.get('metadata', {}).get('tags', [])): continue
-        code = _code(''.join(c['source']))
-        if code and re.search(r'(^|[;\s])plt\.show\(\)\s*;?$', code[-1]): bare.append(code[0])
+    bare = [code[0] for _, code in shown_code(nb) if SHOWS_FIGURE.search(code[-1])]
     assert not bare, f'{nb.name}: figures shown without a caption (glue them): {bare}'
 
 

@@ -49,12 +49,16 @@ def translate(cell):
     return cell
 
 
+def is_export(cell):
+    """Whether a cell is exported to the package (`#| export`, `exports` or `exporti`)."""
+    return cell['cell_type'] == 'code' and any(
+        l.startswith('#|') and _directive(l)[0] in EXPORTS for l in ''.join(cell['source']).splitlines())
+
+
 def cited_equations(cell):
     """The `eq-...` labels an export cell cites, in order of first mention ([] for other cells)."""
-    if cell['cell_type'] != 'code': return []
-    lines = ''.join(cell['source']).splitlines()
-    if not any(l.startswith('#|') and _directive(l)[0] in EXPORTS for l in lines): return []
-    return list(dict.fromkeys(EQ_LABEL.findall('\n'.join(lines))))
+    if not is_export(cell): return []
+    return list(dict.fromkeys(EQ_LABEL.findall(''.join(cell['source']))))
 
 
 def implements_cell(cell, labels):
