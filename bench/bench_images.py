@@ -4,7 +4,8 @@
 One training step is what `dpm.training.train` does per step: a batch of images, stratified time
 steps, the one-step bound estimate `d.bound_estimate` (eq-k-estimator), backward, an Adam step; its
 input checks are deferred (`dpm.diffusion.deferred_checks`) and read from the device once, after
-backward, where training reads the loss. The plain step reads nothing. The
+backward, where training reads the loss. The plain step reads nothing. Unlike `train`, which
+autocasts only the network, both steps here run whole under autocast, so they are alike. The
 plain implementation below is written without any dpm code (its own multi-scale convolution, 1x1
 layers, temporal bumps, kernel and one-step Gaussian KL loss) and has the same architecture: its
 parameters are copied from the dpm model and the two must give the same kernel (checked first).

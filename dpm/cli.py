@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['EXPERIMENT_MODULES', 'experiments', 'get_experiment', 'parse_overrides', 'resolve', 'cmd_train', 'cmd_evaluate',
-           'write_json', 'image_grid', 'cmd_sample', 'cmd_list', 'cmd_upgrade', 'parser', 'main']
+           'image_grid', 'cmd_sample', 'cmd_list', 'cmd_upgrade', 'parser', 'main']
 
 # %% ../nbs/06_cli.ipynb #eee35881
 import argparse, json, os, sys, time, datetime, importlib, tempfile, math
@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from .training import (run, load_model, machine, peak_memory_mb, CheckpointError, OutDirError,
                        pick_device, init_distributed, world, check_out_dir, load_checkpoint,
-                       upgrade_checkpoint)
+                       upgrade_checkpoint, write_json)
 
 # %% ../nbs/06_cli.ipynb #f83fb9b3
 EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat', 'dpm.dead_leaves', 'dpm.mnist',
@@ -159,14 +159,6 @@ def cmd_evaluate(args):
             paper = f"   (paper {exp.paper[k]:.3f})" if k in exp.paper else ''
             print(f"{k:24s} {v:10.4f}" + paper)
     print(f"record written to {out / 'record.json'}; figures: {', '.join(record['figures'])}")
-
-# %% ../nbs/06_cli.ipynb #687e89dc
-def write_json(obj, path):
-    "Write JSON atomically (temporary file + os.replace)."
-    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
-    with os.fdopen(fd, 'w') as f: json.dump(obj, f, indent=2, default=str); f.write('\n')
-    os.replace(tmp, path)
 
 # %% ../nbs/06_cli.ipynb #abf46e51
 def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:

@@ -5,7 +5,8 @@ __all__ = ['TRAIN_KEYS', 'TRAIN_DEFAULTS', 'COMMON_KEYS', 'FORMAT', 'stratified_
            'check_config', 'pick_device', 'CheckpointError', 'atomic_save', 'checksum', 'load_checkpoint',
            'upgrade_checkpoint', 'signature', 'check_compatible', 'Model', 'check_devices', 'evaluate_bound', 'world',
            'init_distributed', 'Objective', 'train', 'Experiment', 'repo_root', 'machine', 'peak_memory_mb',
-           'OutDirError', 'check_out_dir', 'out_lock', 'build', 'run', 'save_model', 'load_model', 'train_or_load']
+           'OutDirError', 'check_out_dir', 'out_lock', 'build', 'write_json', 'run', 'save_model', 'load_model',
+           'train_or_load']
 
 # %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, math, time, json, platform, resource, tempfile, hashlib, fcntl
@@ -17,7 +18,7 @@ import torch
 from torch import nn
 from fastcore.basics import patch
 from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
-from .diffusion import Diffusion, GaussianDiffusion, nats_to_bits, LN2, deferred_checks
+from .diffusion import Diffusion, GaussianDiffusion, LN2, deferred_checks
 from .config import small_scale
 
 # %% ../nbs/05_training.ipynb #1d6e4673
@@ -481,11 +482,10 @@ def _save(state: _RunState, checkpoint):
     "Everything needed to continue exactly (format `dpm-checkpoint-2`), written atomically."
     model, ema, device = state.model, state.ema, state.device
     atomic_save(dict(format=FORMAT, model=model.state_dict(), optimizer=state.opt.state_dict(),
-                     step=state.step, ema=ema.state_dict() if ema is not None else None,
+                     ema=ema.state_dict() if ema is not None else None,
                      rng=torch.get_rng_state(), gen=state.gen.get_state(),
                      cuda_rng=torch.cuda.get_rng_state() if device.type == 'cuda' else None,
-                     history=state.history, train_seconds=state.train_seconds,
-                     running=state.running, config=state.config,
+                     **{k: getattr(state, k) for k in _COUNTERS}, config=state.config,
                      signature=signature(model)), checkpoint)
 
 def _due(cfg: TrainConfig, step: int, stop: bool, last_save: float) -> bool:
@@ -671,10 +671,7 @@ class _AllocationCap(torch.overrides.TorchFunctionMode):
     "Refuse any tensor constructor asking for more than `cap` elements, before it allocates."
     def __init__(self, cap: int, what: str):
         super().__init__(); self.cap, self.what = cap, what
-        try: from torch.utils._device import _device_constructors  # what torch.device() redirects
-        except ImportError: _device_constructors = lambda: {
-            torch.empty, torch.empty_strided, torch.zeros, torch.ones, torch.full, torch.rand,
-            torch.randn, torch.randint, torch.arange, torch.linspace, torch.eye, torch.tensor}
+        from torch.utils._device import _device_constructors  # what torch.device() redirects
         self.constructors = _device_constructors()
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
@@ -703,6 +700,14 @@ def build(exp: Experiment, cfg: dict, seed: int = 0, device=None, cap: int = Non
     return d.to(dev), reverse.to(dev)
 
 
+# %% ../nbs/05_training.ipynb #8cd8c920
+def write_json(obj, path):
+    "Write JSON atomically (temporary file + os.replace)."
+    path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + '.', suffix='.tmp')
+    with os.fdopen(fd, 'w') as f: json.dump(obj, f, indent=2, default=str); f.write('\n')
+    os.replace(tmp, path)
+
 # %% ../nbs/05_training.ipynb #361e6ad1
 def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=None,
         progress: bool = True):
@@ -721,8 +726,7 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
         if rank == 0:
             save_model(out / 'model.pt', exp, d, reverse, cfg, info)
             record = {k: v for k, v in info.items() if k != 'history'}
-            (out / 'training.json.tmp').write_text(json.dumps(record, indent=2, default=str) + '\n')
-            os.replace(out / 'training.json.tmp', out / 'training.json')
+            write_json(record, out / 'training.json')
     return d, reverse, info
 
 

@@ -24,13 +24,13 @@ if [ -n "$(git status --porcelain -- nbs)" ]; then
   echo "FAIL: notebooks are not clean: run nbdev_clean and commit" >&2; exit 1
 fi
 
-# The kernels draw with ipykernel's inline backend: an inherited MPLBACKEND=Agg would make every
-# plt.show() draw nothing (tests/test_book.py would fail). A failed build is reported by pytest too:
-# the HTML checks then fail, so pytest's closing line always tells the verdict.
+# tools/book.sh builds it (without MPLBACKEND, so that plt.show() draws), here at DPM_SMALL=1 and
+# also with --nitpick. A failed build is reported by pytest too: the HTML checks then fail, so
+# pytest's closing line always tells the verdict.
 step "book from scratch (executes each notebook once; a cell error fails), warnings as errors"
 rm -rf _build/html _build/.doctrees _build/jupyter_execute
 book=0
-env -u MPLBACKEND jupyter-book build . --warningiserror --nitpick --keep-going --quiet || book=$?
+bash "$(dirname "$0")/book.sh" --nitpick --quiet || book=$?
 [ "$book" = 0 ] || echo "FAIL: the book build exited with status $book" >&2
 
 step "pytest tests/ (with the checks over the built book)"
