@@ -91,7 +91,7 @@ def _build(cfg):
 
 def resized(d, reverse, cfg, size: int):
     "The trained network applied to size x size images: a new ImageReverse with the same weights."
-    big = bark_reverse(d, cfg, size).to(d.betas.device)
+    big = bark_reverse(d, cfg, size).to(d.device)
     big.load_state_dict(reverse.state_dict())
     return big.eval()
 
@@ -264,7 +264,7 @@ def inpaint_study(d, reverse, cfg, seed: int = 0):
 def _fills(d, reverse, cfg, seed, x, known):
     "The fills of the hole: noise, harmonic, Gaussian mean and samples, diffusion samples, mean."
     from dpm.posterior import inpaint
-    dev, M, R, n = d.betas.device, len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
+    dev, M, R, n = d.device, len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
     mu, c = autocovariance(_data(cfg, seed)[0].to(dev))                   # eq-bark-acov
     gen = torch.Generator().manual_seed(seed + 5)
     g_mean, g_samp, g_pred = gaussian_inpaint(x, known, mu, c, int(cfg['border']), n, gen)
@@ -298,7 +298,7 @@ def _fill_numbers(fills: dict, x, known) -> dict:
 @torch.no_grad()
 def _inpaint_study(d, reverse, cfg, seed):
     "The study that inpaint_study caches: numbers, info, fills, images and the mask."
-    dev = d.betas.device
+    dev = d.device
     x = inpaint_images(cfg, seed).to(dev)
     M, R, n = len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
     known = hole_mask(R, int(cfg['hole']), dev)
@@ -313,7 +313,7 @@ def _inpaint_study(d, reverse, cfg, seed):
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general), K - L_null, the Gaussian (eq-bark-gauss), the ceiling; inpainting study."
-    dev, seed = d.betas.device, cfg.get('seed', 0)
+    dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
     D = x[0].numel()
     torch.manual_seed(seed + 1)

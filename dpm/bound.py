@@ -7,8 +7,8 @@ __all__ = ['reverse_step', 'first_step_term', 'prior_term', 'kl_terms']
 import math
 import torch
 from fastcore.basics import patch
-from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step,
-                           LOG_2PI)
+from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps,
+                           LOG_2PI, bernoulli_log_prob)
 
 # %% ../nbs/02_bound.ipynb #33c1da2b
 def reverse_step(d: Diffusion, reverse, xt, t):
@@ -72,7 +72,7 @@ def first_step_term(d: Diffusion, x0):
     term = 0.
     for u, weight in ((1.0, q1), (0.0, 1 - q1)):      # the two values u of each bit of x_1
         r = u * (1 - beta_1) + d.p * beta_1           # $u(1-\beta_1) + p\beta_1$
-        term = term + weight * (torch.xlogy(x0, r) + torch.xlogy(1 - x0, 1 - r))
+        term = term + weight * bernoulli_log_prob(x0, r)
     return term.flatten(1).sum(1)
 
 # %% ../nbs/02_bound.ipynb #2bcf493b
@@ -135,23 +135,23 @@ def bound_simplified(self: Diffusion, reverse, x0, n_samples: int = 1):
     return -kls.sum(1) + H_T - H_1 - H_pi
 
 # %% ../nbs/02_bound.ipynb #aa71c326
-@patch
-@torch.no_grad()
-def sample(self: Diffusion, reverse, shape, device=None, dtype=None, generator=None,
-           return_trajectory: bool = False):
-    "Exact ancestral samples of $p(x_0)$ (eq-reverse-trajectory), shape (n, ...); or every $x_t$."
+def _check_chain(d: Diffusion, reverse):
+    "A reverse model that knows its number of steps must have the diffusion's."
+    T_model = getattr(reverse, 'T', None)
+    if isinstance(T_model, int) and T_model != d.T:
+        raise ValueError(f"the reverse model has {T_model} steps but the diffusion has {d.T}")
+
+def _sample_batch(d: Diffusion, reverse, shape, device, dtype):
+    "A zero batch of the samples' shape, device and (floating) dtype, after checking them."
     shape = tuple(int(s) for s in shape)
     if len(shape) < 2 or min(shape) < 1:
         raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
-    device = torch.device(device) if device is not None else self.device
-    like = torch.zeros(shape, device=device, dtype=dtype or torch.get_default_dtype())
-    x = _draw(self, self.stationary(like), generator)               # $x_T \sim \pi$
-    trajectory = [x]
-    for t in range(self.T, 0, -1):
-        ts = torch.full((shape[0],), t, dtype=torch.long, device=device)
-        x = _draw(self, reverse_step(self, reverse, x, ts), generator)   # $x_{t-1} \sim p$
-        if return_trajectory: trajectory.append(x)
-    return torch.stack(trajectory[::-1], 1) if return_trajectory else x
+    dtype = dtype or torch.get_default_dtype()
+    if not dtype.is_floating_point:
+        raise ValueError(f"samples need a floating dtype, got {dtype}")
+    _check_chain(d, reverse)
+    device = torch.device(device) if device is not None else d.device
+    return torch.zeros(shape, device=device, dtype=dtype)
 
 def _draw(d, params, generator):
     "One draw from `params`, with noise from `generator` (None: the global generator)."
@@ -159,3 +159,25 @@ def _draw(d, params, generator):
     noise = torch.randn if isinstance(d, GaussianDiffusion) else torch.rand
     return d.draw(params, noise(like.shape, generator=generator, device=like.device,
                                 dtype=like.dtype))
+
+# %% ../nbs/02_bound.ipynb #b54cadff
+def _ancestral(d: Diffusion, reverse, like, generator, return_trajectory, tilt=None):
+    "$x_T$, then $x_{t-1}$ for t = T..1 (eq-reverse-trajectory); `tilt(params, t)` may reweight."
+    tilt = tilt or (lambda params, t: params)
+    x = _draw(d, tilt(d.stationary(like), d.T), generator)          # $x_T \sim \pi$
+    trajectory = [x]
+    for t in range(d.T, 0, -1):
+        ts = torch.full((like.shape[0],), t, dtype=torch.long, device=like.device)
+        # every row is at step t: $T_\pi$ at t = 1, the model above (eq-first-step)
+        params = d.kernel(x, ts) if t == 1 else d.check_reverse(reverse(x, ts), x)
+        x = _draw(d, tilt(params, t - 1), generator)                # $x_{t-1} \sim p$
+        if return_trajectory: trajectory.append(x)
+    return torch.stack(trajectory[::-1], 1) if return_trajectory else x
+
+@patch
+@torch.no_grad()
+def sample(self: Diffusion, reverse, shape, device=None, dtype=None, generator=None,
+           return_trajectory: bool = False):
+    "Exact ancestral samples of $p(x_0)$ (eq-reverse-trajectory), shape (n, ...); or every $x_t$."
+    like = _sample_batch(self, reverse, shape, device, dtype)
+    return _ancestral(self, reverse, like, generator, return_trajectory)

@@ -166,7 +166,7 @@ def wiener_mse(Sigma, noise_var: float) -> float:
 def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, gaussian=None,
               seed: int = 0) -> dict:
     "Figure 3's denoising on `clean` (n, C, H, W): noisy, posterior samples, their mean, Wiener."
-    dev = d.betas.device
+    dev = d.device
     x = clean.to(dev)
     g = torch.Generator(device=dev).manual_seed(60_000 + seed)
     # $\mathbf y = \mathbf x + \boldsymbol\epsilon$, noise of variance $\sigma^2$ per value
@@ -216,7 +216,7 @@ def _table1_numbers(K, K_se, g, scaler: Scaler, ceiling: float) -> dict:
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "Table 1 numbers per RGB pixel and in 8-bit bits/dim; Figure 3's denoising errors."
-    dev, seed = d.betas.device, cfg.get('seed', 0)
+    dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
     D, scaler = x[0].numel(), model_scaler(d)
     torch.manual_seed(seed + 1)
@@ -247,7 +247,7 @@ def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None):
     import matplotlib.pyplot as plt
     torch.manual_seed(seed)
     den = denoising(d, reverse, heldout[:n], 1.0, 1, gaussian, seed)
-    samples = d.sample(reverse, (n, *heldout.shape[1:]), device=d.betas.device)
+    samples = d.sample(reverse, (n, *heldout.shape[1:]), device=d.device)
     scaler = model_scaler(d)
     rows = [('held-out', den['clean']), ('noisy (SNR 1)', den['noisy']),
             ('denoised (posterior sample)', den['samples'][0])]
@@ -264,7 +264,7 @@ def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None):
     return fig
 
 def _figures(d, reverse, cfg, heldout):
-    gauss = fit_gaussian(_data(cfg, cfg.get('seed', 0))[0].to(d.betas.device))
+    gauss = fit_gaussian(_data(cfg, cfg.get('seed', 0))[0].to(d.device))
     return {'figure3': plot_figure3(d, reverse, heldout, n=6, seed=cfg.get('seed', 0),
                                     gaussian=gauss)}
 

@@ -149,8 +149,8 @@ def cmd_evaluate(args):
                   training={k: v for k, v in info.items() if k != 'history'},
                   history=info.get('history', []), evaluate_seconds=time.time() - t0,
                   time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'),
-                  machine=machine(), device=str(d.betas.device),
-                  peak_memory_mb=peak_memory_mb(d.betas.device))
+                  machine=machine(), device=str(d.device),
+                  peak_memory_mb=peak_memory_mb(d.device))
     out = Path(args.out)
     record['figures'] = _write_figures(exp, d, reverse, cfg, heldout, info.get('history', []), out)
     write_json(record, out / 'record.json')
@@ -229,7 +229,7 @@ def cmd_sample(args):
     torch.manual_seed(args.seed)
     event = tuple(reverse.event_shape)
     t0 = time.time()
-    x = d.sample(reverse, (args.n, *event), device=d.betas.device).cpu()
+    x = d.sample(reverse, (args.n, *event), device=d.device).cpu()
     dt = time.time() - t0
     out = Path(args.out); torch.save(x, out / 'samples.pt')
     _save_samples_png(exp, x, args.n, out)

@@ -240,7 +240,7 @@ def _build(cfg):
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general), K - L_null, Gaussian (eq-dl-gauss), ceiling (eq-dl-ceiling): bits/pixel."
-    dev = d.betas.device
+    dev = d.device
     x = heldout[:cfg['n_eval']].to(dev)
     D = x[0].numel()
     torch.manual_seed(cfg.get('seed', 0) + 1)
@@ -268,7 +268,7 @@ def _evaluate(d, reverse, cfg, heldout):
 def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     "Figure 4: n held-out training-distribution images (top) and n model samples (bottom)."
     import matplotlib.pyplot as plt
-    dev = d.betas.device
+    dev = d.device
     torch.manual_seed(seed)
     shape = tuple(heldout.shape[1:])
     x = d.sample(reverse, (n, *shape), device=dev).cpu()

@@ -9,9 +9,9 @@ __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats
 # %% ../nbs/08_heartbeat.ipynb #23b437db
 import itertools, math, time
 import torch
-from .diffusion import BinomialDiffusion, binomial_schedule, check_steps, LN2
+from .diffusion import BinomialDiffusion, binomial_schedule, LN2
 from .reverse import ReverseModel, HeartbeatReverse, BumpMLPReverse, PROB_EPS
-from .training import Experiment, train_or_load, evaluate_bound, pick_device
+from .training import Experiment, train_or_load, evaluate_bound
 
 # %% ../nbs/08_heartbeat.ipynb #a96bb0a6
 LENGTH, PERIOD, RATE = 20, 5, 0.2
@@ -74,7 +74,7 @@ def _per_sequence_bound(d, reverse, seqs, reps: int):
 
 def _timed_samples(d, reverse, n: int):
     "n samples of the model and the seconds they took (synchronised on CUDA)."
-    dev = d.betas.device
+    dev = d.device
     if dev.type == 'cuda': torch.cuda.synchronize()
     t0 = time.perf_counter()
     samples = d.sample(reverse, (n, LENGTH), device=dev)
@@ -86,7 +86,7 @@ def _timed_samples(d, reverse, n: int):
 def _evaluate(d, reverse, cfg, heldout):
     """Table 1 numbers: K on each heartbeat (eq-k-general), K - L_null, the exact (eq-hb-true) and
     the importance-sampled (eq-model-probability) log-likelihood, valid samples."""
-    dev = d.betas.device
+    dev = d.device
     seqs = heartbeats().to(dev)
     torch.manual_seed(cfg['seed'] + 1)
     K = evaluate_bound(d, reverse, seqs.repeat(cfg['eval_reps'], 1), batch_size=1000)
@@ -108,7 +108,7 @@ def _evaluate(d, reverse, cfg, heldout):
 # %% ../nbs/08_heartbeat.ipynb #406bbda4
 def _figures(d, reverse, cfg, heldout):
     torch.manual_seed(cfg['seed'])
-    samples = d.sample(reverse, (30, LENGTH), device=d.betas.device)
+    samples = d.sample(reverse, (30, LENGTH), device=d.device)
     return {'figure2': plot_figure2(heldout, samples)}
 
 HEARTBEAT = Experiment(
@@ -141,10 +141,7 @@ class OptimalReverse(ReverseModel):
         self.register_buffer('points', torch.as_tensor(points, dtype=torch.float32))
 
     def forward(self, xt, t):
-        if tuple(xt.shape[1:]) != self.event_shape:
-            raise ValueError(f"expected xt of shape (batch, {self.event_shape[0]}), "
-                             f"got {tuple(xt.shape)}")
-        d, t = self.diffusion, check_steps(t, self.T, xt.shape[0])
+        d, t = self.diffusion, self.check_input(xt, t)
         x0s = [phi.expand_as(xt) for phi in self.points.to(xt)]
         # $\log q(\mathbf x^{(t)}\mid\boldsymbol\phi_k)$ (eq-binom-marginal): the weights' logits
         log_w = torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1)
@@ -212,7 +209,7 @@ def beta_1_for_gap(gap_bits: float, p: float = RATE) -> float:
 def evaluate_optimal(d: BinomialDiffusion, cfg) -> dict:
     """K and the valid fraction of samples of the optimal factorised kernel (eq-hb-oracle): the
     ceiling at this T."""
-    dev = d.betas.device
+    dev = d.device
     oracle = OptimalReverse(d, heartbeats()).to(dev)
     torch.manual_seed(cfg['seed'] + 2)
     K = evaluate_bound(d, oracle, heartbeats().to(dev).repeat(cfg['eval_reps'], 1), batch_size=1000)

@@ -133,7 +133,7 @@ def _build(cfg):
 @torch.no_grad()
 def sample_unit(d, reverse, n: int, batch_size: int = 2500, seed: int = 0) -> torch.Tensor:
     "n true samples (eq-reverse-trajectory) mapped to pixels, clipped to [0, 1]: (n, 784) float64."
-    dev, sc = d.betas.device, scaler_of(d)
+    dev, sc = d.device, scaler_of(d)
     torch.manual_seed(seed)
     out = []
     for s in range(0, n, batch_size):
@@ -171,7 +171,7 @@ def _bound_numbers(d, reverse, cfg, x, seed):
 @torch.no_grad()
 def _parzen_numbers(d, reverse, cfg, seed):
     "Table 2: Parzen estimates (eq-mnist-report) of the model, the 'perfect model', matched."
-    dev, root, out = d.betas.device, cfg['data_root'], {}
+    dev, root, out = d.device, cfg['data_root'], {}
     t0 = time.perf_counter()
     samples = sample_unit(d, reverse, cfg['parzen_samples'], cfg['sample_batch'], seed + 2)
     out['sample_seconds'] = time.perf_counter() - t0

@@ -10,8 +10,8 @@ import math
 import torch
 from torch import nn
 from fastcore.basics import patch
-from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion
-from .bound import reverse_step, _draw
+from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps
+from .bound import _sample_batch, _ancestral, _check_chain
 
 # %% ../nbs/09_posterior.ipynb #f2b2abdd
 def r_weights(schedule, T: int, device=None) -> torch.Tensor:
@@ -211,25 +211,11 @@ def perturb(self: LogDensity, d, params, w: float):
     return mean + w * var * self.grad(mean), var
 
 # %% ../nbs/09_posterior.ipynb #8a51f2a3
-def _check_steps(d: Diffusion, reverse):
-    "A reverse model that knows its number of steps must have the diffusion's."
-    T_model = getattr(reverse, 'T', None)
-    if isinstance(T_model, int) and T_model != d.T:
-        raise ValueError(f"the reverse model has {T_model} steps but the diffusion has {d.T}")
-
 def _posterior_batch(d: Diffusion, reverse, r, shape, device, dtype):
     "Check `sample_posterior`'s arguments; a zero batch of the samples' shape, device and dtype."
-    shape = tuple(int(s) for s in shape)
-    if len(shape) < 2 or min(shape) < 1:
-        raise ValueError(f"shape must be (n, ...) with positive sizes, got {shape}")
     if not isinstance(r, Observation):
         raise TypeError("r must be a GaussianObservation, Mask, BitProbabilities or LogDensity")
-    dtype = dtype or torch.get_default_dtype()
-    if not dtype.is_floating_point:
-        raise ValueError(f"samples need a floating dtype, got {dtype}")
-    _check_steps(d, reverse)
-    device = torch.device(device) if device is not None else d.betas.device
-    like = torch.zeros(shape, device=device, dtype=dtype)
+    like = _sample_batch(d, reverse, shape, device, dtype)       # as for `d.sample`
     r.check(d, like)
     return like
 
@@ -241,15 +227,10 @@ def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='con
     perturbed kernels (eq-post-kernel-norm) with $r_t = r^{w_t}$ (eq-post-schedules)."""
     like = _posterior_batch(d, reverse, r, shape, device, dtype)
     w = r_weights(schedule, d.T).tolist()
-    # $\tilde p(x_T) \propto \pi(x_T)\,r(x_T)^{w_T}$
-    x = _draw(d, r.perturb(d, d.stationary(like), w[d.T]), generator)       # eq-post-start
-    trajectory = [x]
-    for t in range(d.T, 0, -1):
-        ts = torch.full((like.shape[0],), t, dtype=torch.long, device=like.device)
-        # $\tilde p(x_{t-1} \mid x_t) \propto p(x_{t-1} \mid x_t)\,r(x_{t-1})^{w_{t-1}}$
-        x = _draw(d, r.perturb(d, reverse_step(d, reverse, x, ts), w[t - 1]), generator)
-        if return_trajectory: trajectory.append(x)
-    return torch.stack(trajectory[::-1], 1) if return_trajectory else x
+    # $\tilde p(x_T) \propto \pi(x_T)\,r(x_T)^{w_T}$ (eq-post-start), then
+    # $\tilde p(x_{t-1} \mid x_t) \propto p(x_{t-1} \mid x_t)\,r(x_{t-1})^{w_{t-1}}$
+    tilt = lambda params, t: r.perturb(d, params, w[t])
+    return _ancestral(d, reverse, like, generator, return_trajectory, tilt)
 
 # %% ../nbs/09_posterior.ipynb #28cdb831
 def _float(x):
@@ -293,13 +274,11 @@ class LinearGaussianReverse(nn.Module):
 
     def check(self, d: GaussianDiffusion):
         "The model must have exactly the diffusion's number of steps."
-        if d.T != self.T:
-            raise ValueError(f"the reverse model has {self.T} steps but the diffusion has {d.T}")
+        _check_chain(d, self)
 
     def forward(self, xt, t):
         "(mean, var) of step t: $A_t x_t$ and $v_t$."
-        if (t < 1).any() or (t > self.T).any():
-            raise ValueError(f"time steps must lie in 1..{self.T}, got {t.min()}..{t.max()}")
+        t = check_steps(t, self.T, xt.shape[0])
         mean = torch.einsum('bij,bj->bi', self.A[t].to(xt.dtype), xt)
         return mean, self.v[t].to(xt.dtype)
 
@@ -438,7 +417,7 @@ def draw_bit_posterior(ax, d: BinomialDiffusion, reverse, observed: str, n: int 
     if not isinstance(d, BinomialDiffusion):
         raise TypeError("draw_bit_posterior needs a BinomialDiffusion")
     y, mask = parse_bits(observed)
-    g = torch.Generator(device=d.betas.device).manual_seed(seed)
+    g = torch.Generator(device=d.device).manual_seed(seed)
     x = sample_posterior(d, reverse, Mask(y, mask), (n, len(observed)), schedule, generator=g).cpu()
     top = torch.where(mask, y, torch.full_like(y, 0.5))[None]
     rows = torch.cat([top, torch.full_like(top, float('nan')), x.float()])
@@ -454,7 +433,7 @@ def draw_2d_posterior(ax, d: GaussianDiffusion, reverse, r: Observation, n: int 
     optional reference points (grey). Returns the samples."""
     if not isinstance(d, GaussianDiffusion):
         raise TypeError("draw_2d_posterior needs a GaussianDiffusion")
-    g = torch.Generator(device=d.betas.device).manual_seed(seed)
+    g = torch.Generator(device=d.device).manual_seed(seed)
     x = sample_posterior(d, reverse, r, (n, 2), schedule, generator=g).cpu()
     ax.clear()
     if reference is not None: ax.scatter(*reference.cpu().T, s=1, color='0.8', label='reference')

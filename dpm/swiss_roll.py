@@ -109,7 +109,7 @@ def _evaluate(d, reverse, cfg, heldout):
     """Table 1 numbers on held-out data: K (eq-k-general), K - L_null, the true log-likelihood
     (eq-sr-true), the paired gap, the importance-sampled estimate (eq-model-probability)."""
     torch.manual_seed(cfg['seed'] + 1)
-    x = heldout.to(d.betas.device)
+    x = heldout.to(d.device)
     ks = torch.cat([d.bound(reverse, xb, n_samples=cfg['bound_samples'])
                     for xb in x.split(1000)]).double().cpu()
     true = true_log_likelihood(heldout, cfg['noise'])
@@ -160,7 +160,7 @@ def plot_figure1(d, reverse, x0, n: int = 2000, grid: int = 17, seed: int = 0):
     """Figure 1: forward slices (eq-gauss-marginal), reverse slices (eq-reverse-trajectory) and the
     drift f_mu(x, t) - x at t = 0 (2 for the drift), T/2, T."""
     import matplotlib.pyplot as plt
-    T, dev = d.T, d.betas.device
+    T, dev = d.T, d.device
     torch.manual_seed(seed)
     x0 = x0[:n].to(dev)
     times = [0, T // 2, T]
@@ -193,7 +193,7 @@ def draw_reverse_step(ax, d, reverse, traj, t: int, grid: int = 15, lim: float =
         raise ValueError(f"traj must be (batch, {d.T + 1}, 2), got {tuple(traj.shape)}")
     if isinstance(t, bool) or int(t) != t or not 0 <= t <= d.T:
         raise ValueError(f"t must be an integer in 0..{d.T}, got {t!r}")
-    t, dev = int(t), d.betas.device
+    t, dev = int(t), d.device
     ax.clear()
     ax.scatter(*traj[:, t].cpu().T, s=1, color='C1')
     if t >= 2:

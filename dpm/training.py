@@ -303,7 +303,7 @@ def _device_of(module, default=None):
 
 def check_devices(d: Diffusion, reverse):
     "The device that `d` and `reverse` share; a clear `ValueError` if they live on different ones."
-    dev_d = d.betas.device
+    dev_d = d.device
     dev_r = _device_of(reverse, dev_d) if isinstance(reverse, nn.Module) else dev_d
     if dev_d != dev_r:
         raise ValueError(f"the diffusion is on {dev_d} but the reverse model on {dev_r}: "

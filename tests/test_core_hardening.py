@@ -287,3 +287,23 @@ def test_deferred_binomial_checks():
     with deferred_checks() as checks:                  # clean data: verified and forgotten
         bd.check_data(torch.tensor([[0.0, 1.0]]))
     assert checks.pending == []
+
+
+def test_sample_checks_its_arguments_as_sample_posterior_does():
+    """`d.sample` and `sample_posterior` share one chain and one argument check (02)."""
+    d = GaussianDiffusion(torch.full((4,), 0.1))
+    with pytest.raises(ValueError, match='floating dtype'):
+        d.sample(kernel_reverse(d), (2, 3), dtype=torch.long)
+    class Short(torch.nn.Module):
+        T = 3
+    with pytest.raises(ValueError, match='has 3 steps but the diffusion has 4'):
+        d.sample(Short(), (2, 3))
+
+
+def test_sampling_asks_the_device_nothing_about_t():
+    """Every row of a sampling batch is at the same step: no read to find the rows at t = 1."""
+    from dpm.diffusion import deferred_checks
+    d = GaussianDiffusion(torch.full((20,), 0.1))
+    def sample():
+        with deferred_checks(): d.sample(_gauss_model(), (4, 2))
+    assert count_host_reads(sample) == 1        # the deferred output checks, read once at the end
