@@ -9,13 +9,13 @@ __all__ = ['L_NULL_BITS', 'BARK', 'BARK_GPU', 'bark_levels', 'bark_scaler', 'inp
 import math, time, functools
 import torch
 import torch.nn.functional as F
-from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
-from .image_network import ImageReverse
+from .diffusion import LN2, GAUSS_L_NULL_BITS
+from .image_network import ImageReverse, image_diffusion
 from .training import Experiment, train_or_load, evaluate_bound, repo_root
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 
 # %% ../nbs/15_bark.ipynb #e52e6832
-L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)       # bits per pixel, unit Gaussian
+L_NULL_BITS = GAUSS_L_NULL_BITS       # bits per pixel, unit Gaussian
 
 @functools.lru_cache(maxsize=8)
 def _levels(split: str, n: int, patch: int, region: int, seed: int):
@@ -81,9 +81,7 @@ def bark_reverse(d, cfg, size: int):
 
 def _build(cfg):
     "Diffusion (eq-rev-gauss) with the scaler (eq-data-scale) as buffers, and the conv pathway."
-    d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
-                                           n_bumps=cfg['schedule_bumps'],
-                                           learn=cfg['learn_schedule']))
+    d = image_diffusion(cfg)
     s = bark_scaler(cfg, cfg.get('seed', 0))
     d.register_buffer('scaler_shift', torch.tensor(s.shift, dtype=torch.float64))
     d.register_buffer('scaler_scale', torch.tensor(s.scale, dtype=torch.float64))

@@ -3,21 +3,21 @@
 # %% auto #0
 __all__ = ['L_NULL_BITS_PER_DIM', 'CHANNELS', 'PAPER_K_BITS_PER_PIXEL', 'PAPER_K_MINUS_L_NULL', 'ASSUMED_PIXEL_STD',
            'MODERN_BITS_PER_DIM', 'NET_KEYS', 'CIFAR10', 'CIFAR10_GPU', 'bits_per_pixel', 'paper_to_8bit', 'crop',
-           'cifar_images', 'fit_scaler', 'model_scaler', 'fit_gaussian', 'gaussian_log_likelihood', 'wiener_denoise',
-           'wiener_mse', 'denoising', 'plot_figure3']
+           'cifar_images', 'fit_scaler', 'model_scaler', 'wiener_denoise', 'wiener_mse', 'denoising', 'plot_figure3']
 
 # %% ../nbs/14_cifar10.ipynb #3d945bd4
 import math, time, functools
 import torch
-from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
-from .image_network import ImageReverse, IMAGE_CONFIGS
-from .training import Experiment, train_or_load, evaluate_bound, pick_device
+from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
+from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion
+from .training import Experiment, train_or_load, evaluate_bound
 from .data import load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit
 from .posterior import denoise
+from .dead_leaves import fit_gaussian, gaussian_log_prob
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
 # $L_{null}/D = -\tfrac12\log_2(2\pi e)$ bits per value, unit Gaussian (eq-cf-lnull)
-L_NULL_BITS_PER_DIM = -0.5 * math.log2(2 * math.pi * math.e)
+L_NULL_BITS_PER_DIM = GAUSS_L_NULL_BITS
 CHANNELS = 3                                                   # values per RGB pixel
 PAPER_K_BITS_PER_PIXEL = 5.4           # Table 1, CIFAR-10 row: K, bits per RGB pixel
 PAPER_K_MINUS_L_NULL = 11.5            # Table 1: K - L_null, bits per RGB pixel
@@ -99,44 +99,13 @@ NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'dense_hi
 def _build(cfg):
     "Diffusion (eq-rev-gauss), learned schedule, scaler as buffers (eq-data-scale), both pathways."
     S = int(cfg['size'])
-    d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
-                                           n_bumps=cfg['schedule_bumps'],
-                                           learn=cfg['learn_schedule']))
+    d = image_diffusion(cfg)
     scaler = fit_scaler(cfg, cfg.get('seed', 0))
     d.register_buffer('data_shift', torch.tensor(scaler.shift, dtype=torch.float64))
     d.register_buffer('data_scale', torch.tensor(scaler.scale, dtype=torch.float64))
     reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both',
                            **{k: cfg[k] for k in NET_KEYS})          # eq-net-msconv, eq-net-dense
     return d, reverse
-
-# %% ../nbs/14_cifar10.ipynb #97e85cbb
-@torch.no_grad()
-def fit_gaussian(x: torch.Tensor):
-    "Mean m (D,) and covariance Sigma (D, D) of images (N, ...), float64 (eq-cf-gauss)."
-    X = x.reshape(len(x), -1).double()
-    if len(X) <= X.shape[1]:
-        raise ValueError(f"dpm: a full covariance of {X.shape[1]} values needs more than "
-                         f"{X.shape[1]} training images, got {len(X)}")
-    m = X.mean(0)
-    Xc = X - m
-    # $\Sigma = \frac1N\sum_n (\mathbf z_n - \mathbf m)(\mathbf z_n - \mathbf m)^\top$
-    return m, Xc.T @ Xc / len(X)
-
-
-# %% ../nbs/14_cifar10.ipynb #c14a0002
-@torch.no_grad()
-def gaussian_log_likelihood(m, Sigma, x, batch: int = 1000) -> torch.Tensor:
-    "log N(x; m, Sigma) per image, nats, float64 (eq-cf-gauss)."
-    L = torch.linalg.cholesky(Sigma)
-    D, half_logdet = len(m), L.diagonal().log().sum()
-    out = []
-    for y in x.reshape(len(x), -1).to(m).split(batch):
-        # $\mathbf z = \mathbf L^{-1}(\mathbf x - \mathbf m)$
-        z = torch.linalg.solve_triangular(L, (y - m).T, upper=False)
-        # $-\tfrac12\big(D\log 2\pi + \|\mathbf z\|^2\big) - \sum_i\log L_{ii}$
-        out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
-    return torch.cat(out)
-
 
 # %% ../nbs/14_cifar10.ipynb #75fe4386
 @torch.no_grad()
@@ -224,7 +193,7 @@ def _evaluate(d, reverse, cfg, heldout):
     k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])      # eq-k-general
     bound_seconds = time.perf_counter() - t0
     m, Sigma = fit_gaussian(_data(cfg, seed)[0].to(dev))
-    g = gaussian_log_likelihood(m, Sigma, x).cpu() / D               # nats per dim, per image
+    g = gaussian_log_prob(m, Sigma, x).cpu() / D               # nats per dim, per image
     K, K_se = k['K_nats'] / D, k['K_nats_se'] / D                    # nats per dim
     ceiling = _check_ceiling(K, K_se, scaler)
     t0 = time.perf_counter()

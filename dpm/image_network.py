@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['VARIANTS', 'LEAK', 'PATHWAYS', 'IMAGE_CONFIGS', 'check_divisible', 'MultiScaleConv', 'ImageReverse',
-           'count_parameters']
+           'count_parameters', 'image_diffusion']
 
 # %% ../nbs/10_image_network.ipynb #2b104a45
 import math
@@ -10,8 +10,8 @@ import torch
 from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
-from .diffusion import per_step
-from .reverse import ReverseModel, TemporalBumps, gaussian_kernel, VAR_MIN
+from .diffusion import per_step, GaussianDiffusion, GaussianSchedule
+from .reverse import ReverseModel, TemporalBumps, VAR_MIN
 
 # %% ../nbs/10_image_network.ipynb #5d796918
 VARIANTS = ('paper', 'reference')
@@ -232,3 +232,9 @@ IMAGE_CONFIGS = {                  # keyword arguments of ImageReverse for the i
 def count_parameters(module: nn.Module) -> int:
     "Number of trainable parameters."
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+def image_diffusion(cfg: dict) -> GaussianDiffusion:
+    "An image experiment's diffusion: cfg's T, beta_1 and bump schedule (eq-gauss-schedule)."
+    return GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
+                                              n_bumps=cfg['schedule_bumps'],
+                                              learn=cfg['learn_schedule']))

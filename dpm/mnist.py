@@ -8,10 +8,10 @@ __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'MNIST', 'MNIST_GPU', 'parzen_
 # %% ../nbs/13_mnist.ipynb #fe488396
 import math, time, functools
 import torch
-from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
-from .image_network import ImageReverse, IMAGE_CONFIGS
+from .diffusion import LN2, GAUSS_L_NULL_BITS
+from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
-from .training import Experiment, train_or_load, evaluate_bound, repo_root
+from .training import Experiment, train_or_load, evaluate_bound, repo_root, _RESUMABLE
 
 # %% ../nbs/13_mnist.ipynb #b7fa8600
 SIGMAS = tuple(torch.logspace(-1, 0, 10, dtype=torch.float64).tolist())  # numpy.logspace(-1,0,10)
@@ -117,9 +117,7 @@ def scaler_of(d) -> Scaler:
 # %% ../nbs/13_mnist.ipynb #2b6e0c08
 def _build(cfg):
     "Diffusion (eq-rev-gauss) with its scaler as buffers, and the dense pathway (eq-net-dense)."
-    d = GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
-                                           n_bumps=cfg['schedule_bumps'],
-                                           learn=cfg['learn_schedule']))
+    d = image_diffusion(cfg)
     sc = mnist_scaler(cfg['data_root'])
     d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
     d.register_buffer('data_scale', torch.tensor(sc.scale, dtype=torch.float64))  # with the model
@@ -142,7 +140,7 @@ def sample_unit(d, reverse, n: int, batch_size: int = 2500, seed: int = 0) -> to
     return torch.cat(out)
 
 # %% ../nbs/13_mnist.ipynb #11cc0638
-L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)      # bits per pixel, unit Gaussian
+L_NULL_BITS = GAUSS_L_NULL_BITS      # bits per pixel, unit Gaussian
 
 def _record(split, root):
     "Name, stand-in flag, size and checksum of one split: what a record says about its data."
@@ -202,9 +200,6 @@ def _evaluate(d, reverse, cfg, heldout):
 
 
 # %% ../nbs/13_mnist.ipynb #c13a0012
-_RESUMABLE = ('steps', 'eval_every', 'eval_size', 'checkpoint_every', 'checkpoint_minutes',
-              'max_minutes', 'amp', 'channels_last', 'compile')
-
 def read_record(name: str):
     "The committed record of `dpm evaluate NAME` (results/NAME/record.json), or None."
     import json

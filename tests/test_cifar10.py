@@ -3,9 +3,9 @@ import math
 import pytest
 import torch
 from dpm.cifar10 import (CIFAR10, CIFAR10_GPU, L_NULL_BITS_PER_DIM, PAPER_K_BITS_PER_PIXEL,
-                         PAPER_K_MINUS_L_NULL, bits_per_pixel, paper_to_8bit, crop, fit_gaussian,
-                         gaussian_log_likelihood, wiener_denoise, wiener_mse, model_scaler,
-                         denoising, _build, _data, _evaluate)
+                         PAPER_K_MINUS_L_NULL, bits_per_pixel, paper_to_8bit, crop, wiener_denoise,
+                         wiener_mse, model_scaler, denoising, _build, _data, _evaluate)
+from dpm.dead_leaves import fit_gaussian, gaussian_log_prob
 from dpm.image_network import IMAGE_CONFIGS
 
 
@@ -45,7 +45,7 @@ def test_gaussian_fit_and_likelihood():
     m_hat, S_hat = fit_gaussian(x)
     assert torch.allclose(m_hat, m, atol=0.05) and torch.allclose(S_hat, S, atol=0.1)
     ref = torch.distributions.MultivariateNormal(m, S).log_prob(x[:7])
-    assert torch.allclose(gaussian_log_likelihood(m, S, x[:7]), ref, atol=1e-8)
+    assert torch.allclose(gaussian_log_prob(m, S, x[:7]), ref, atol=1e-8)
     with pytest.raises(ValueError, match='full covariance'): fit_gaussian(x[:5])
 
 
