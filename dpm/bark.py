@@ -33,7 +33,12 @@ def bark_levels(cfg: dict, seed: int = 0):
 # %% ../nbs/15_bark.ipynb #c15a0002
 def bark_scaler(cfg: dict, seed: int = 0) -> Scaler:
     "eq-data-scale: the Scaler of the dequantized training patches (closed form, fit_8bit)."
-    return Scaler.fit_8bit(bark_levels(cfg, seed)[0])
+    return _scaler(int(cfg['n_train']), int(cfg['size']), int(cfg['inpaint_size']), seed)
+
+@functools.lru_cache(maxsize=8)
+def _scaler(n_train: int, size: int, inpaint_size: int, seed: int) -> Scaler:
+    "Fitted once per process and patch set (every `_data` and evaluation asks for it)."
+    return Scaler.fit_8bit(_levels('train', n_train, size, inpaint_size, seed).images)
 
 def _scaled(k, scaler, seed):
     "Dequantized (eq-data-dequant) with its own seed, then scaled: float32."

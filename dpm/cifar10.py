@@ -62,7 +62,12 @@ def cifar_images(cfg: dict, seed: int = 0):
 # %% ../nbs/14_cifar10.ipynb #ca42ca38
 def fit_scaler(cfg: dict, seed: int = 0) -> Scaler:
     "The Scaler of eq-data-scale, fitted in closed form on the 8-bit training images."
-    return Scaler.fit_8bit(cifar_images(cfg, seed)[0])
+    return _scaler(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))
+
+@functools.lru_cache(maxsize=4)
+def _scaler(n_train: int, n_heldout: int, size: int, seed: int) -> Scaler:
+    "Fitted once per process and image set (training, evaluation and figures all ask for it)."
+    return Scaler.fit_8bit(_images(n_train, n_heldout, size, seed)[0])
 
 def model_scaler(d) -> Scaler:
     "The Scaler stored with a model (buffers data_shift, data_scale of its diffusion)."

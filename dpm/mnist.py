@@ -92,6 +92,7 @@ def unit_images(split: str, root: str = '', n: int = 0) -> torch.Tensor:
 
 
 # %% ../nbs/13_mnist.ipynb #c13a0006
+@functools.lru_cache(maxsize=4)
 def mnist_scaler(root: str = '') -> Scaler:
     "Shift and scale of eq-data-scale for the dequantized training split, in closed form."
     return Scaler.fit_8bit(mnist_split('train', root).images)
