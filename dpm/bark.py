@@ -10,7 +10,7 @@ import math, time, functools
 import torch
 import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, image_diffusion
+from .image_network import ImageReverse, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound, repo_root
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 
@@ -68,8 +68,7 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, inpaint_size=32, hol
               T=10, n_scales=2, conv_channels=8, conv_layers=2, hidden_1x1=8, layers_1x1=1,
               steps=30, batch_size=16, ema=0.9, eval_every=0, eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=500, inpaint_size=256,
-            hole=100, border=8, inpaint_samples=4, n_scales=5, conv_channels=100, conv_layers=4,
-            hidden_1x1=100, layers_1x1=2, steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
+            hole=100, border=8, inpaint_samples=4, **network_config('dead_leaves'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=2500, eval_size=100, checkpoint_every=1000, eval_batch=50)
 _PAPER = dict(K_bits=-0.55, K_minus_L_null_bits=1.5)
 

@@ -9,7 +9,7 @@ __all__ = ['L_NULL_BITS_PER_DIM', 'CHANNELS', 'PAPER_K_BITS_PER_PIXEL', 'PAPER_K
 import math, time, functools
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion
+from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound
 from .data import load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit
 from .posterior import denoise
@@ -90,10 +90,8 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_poste
               n_scales=2, conv_channels=4, conv_layers=1, dense_hidden=16, dense_channels=1,
               hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9, eval_every=0,
               eval_size=20, eval_batch=40)
-_NET_GPU = {k: v for k, v in IMAGE_CONFIGS['cifar10'].items()
-            if k not in ('image_shape', 'pathway')}
 _GPU = dict(_CONFIG, size=32, n_train=50_000, n_heldout=10_000, n_eval=500, n_denoise=32,
-            T=1000, **_NET_GPU, steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
+            T=1000, **network_config('cifar10'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=5000, eval_size=100, checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=PAPER_K_BITS_PER_PIXEL, K_minus_L_null_bits=PAPER_K_MINUS_L_NULL)
 

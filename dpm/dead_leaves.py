@@ -10,7 +10,7 @@ __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE'
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, image_diffusion
+from .image_network import ImageReverse, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
 # %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
@@ -306,8 +306,7 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, co
               conv_layers=2, hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9,
               eval_every=0, eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto',
-            T=1000, n_scales=5, conv_channels=100, conv_layers=4, hidden_1x1=100, layers_1x1=2,
-            steps=100_000, batch_size=128, lr=1e-3, ema=0.999, eval_every=2500, eval_size=100,
+            T=1000, **network_config('dead_leaves'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999, eval_every=2500, eval_size=100,
             checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=1.489, K_minus_L_null_bits=3.536, MCGSM_bits=1.244)
 

@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['VARIANTS', 'LEAK', 'PATHWAYS', 'IMAGE_CONFIGS', 'check_divisible', 'MultiScaleConv', 'ImageReverse',
-           'count_parameters', 'image_diffusion']
+           'count_parameters', 'network_config', 'image_diffusion']
 
 # %% ../nbs/10_image_network.ipynb #2b104a45
 import math
@@ -232,6 +232,10 @@ IMAGE_CONFIGS = {                  # keyword arguments of ImageReverse for the i
 def count_parameters(module: nn.Module) -> int:
     "Number of trainable parameters."
     return sum(p.numel() for p in module.parameters() if p.requires_grad)
+
+def network_config(name: str) -> dict:
+    "The network keywords of IMAGE_CONFIGS[name], for an experiment's configuration."
+    return {k: v for k, v in IMAGE_CONFIGS[name].items() if k not in ('image_shape', 'pathway')}
 
 def image_diffusion(cfg: dict) -> GaussianDiffusion:
     "An image experiment's diffusion: cfg's T, beta_1 and bump schedule (eq-gauss-schedule)."

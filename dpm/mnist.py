@@ -9,7 +9,7 @@ __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'MNIST', 'MNIST_GPU', 'parzen_
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion
+from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
 from .training import Experiment, train_or_load, evaluate_bound, repo_root, _RESUMABLE
 
@@ -244,8 +244,7 @@ _CONFIG = dict(data_root='', n_train=0, n_heldout=0, n_eval=100, T=1000, beta_1=
 _SMALL = dict(n_train=1000, n_heldout=100, n_eval=20, T=10, dense_hidden=32, dense_channels=2,
               hidden_1x1=8, layers_1x1=1, steps=40, batch_size=32, ema=0.9, eval_every=0,
               eval_size=20, eval_batch=20, parzen_samples=100, parzen_test=200)
-_GPU = dict(_CONFIG, n_eval=1000, **{k: v for k, v in IMAGE_CONFIGS['mnist'].items()
-                                      if k not in ('image_shape', 'pathway')},
+_GPU = dict(_CONFIG, n_eval=1000, **network_config('mnist'),
             steps=50_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000, eval_size=200,
             checkpoint_every=2000, eval_batch=500, parzen_samples=10_000, sample_batch=5000)
 _PAPER = dict(parzen_bits=317.0, parzen_bits_se=2.7, perfect_bits=349.0, perfect_bits_se=3.3,
