@@ -23,6 +23,9 @@ def test_data_units_and_record():
     train, held = _data(cfg, 0)
     assert abs(train.double().mean().item()) < 1e-3 and abs(train.double().var().item() - 1) < 1e-2
     assert ceiling_bits(bark_scaler(cfg)) == pytest.approx(8 - math.log2(bark_scaler(cfg).scale))
+    d, _ = _build(cfg)                                   # the scaler the model stores is the data's
+    assert (d.scaler_shift.item(), d.scaler_scale.item()) == (bark_scaler(cfg).shift,
+                                                              bark_scaler(cfg).scale)
 
 
 def test_experiment_configs_are_valid():

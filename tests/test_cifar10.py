@@ -4,7 +4,7 @@ import pytest
 import torch
 from dpm.cifar10 import (CIFAR10, CIFAR10_GPU, L_NULL_BITS_PER_DIM, PAPER_K_BITS_PER_PIXEL,
                          PAPER_K_MINUS_L_NULL, bits_per_pixel, paper_to_8bit, crop, wiener_denoise,
-                         wiener_mse, model_scaler, denoising, _build, _data, _evaluate)
+                         wiener_mse, model_scaler, fit_scaler, denoising, _build, _data, _evaluate)
 from dpm.dead_leaves import fit_gaussian, gaussian_log_prob
 from dpm.image_network import IMAGE_CONFIGS
 
@@ -73,6 +73,7 @@ def test_small_experiment_end_to_end(monkeypatch):
     assert train_x.shape == (cfg['n_train'], 3, S, S) and heldout.shape[1:] == (3, S, S)
     assert abs(train_x.double().mean().item()) < 0.02 and abs(train_x.double().var().item() - 1) < 0.02
     assert abs(model_scaler(d).scale - d.data_scale.item()) == 0
+    assert model_scaler(d) == fit_scaler(cfg, 0)           # the scaler the data were scaled with
     res = _evaluate(d, reverse, cfg, heldout)
     assert math.isfinite(res['K_bits']) and res['K_bits'] <= res['ceiling_bits']
     # the bridge applied to the measured K, in its own units
