@@ -68,7 +68,8 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, inpaint_size=32, hol
               T=10, n_scales=2, conv_channels=8, conv_layers=2, hidden_1x1=8, layers_1x1=1,
               steps=30, batch_size=16, ema=0.9, eval_every=0, eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=500, inpaint_size=256,
-            hole=100, border=8, inpaint_samples=4, **network_config('dead_leaves'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
+            hole=100, border=8, inpaint_samples=4, **network_config('dead_leaves'),
+            steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=2500, eval_size=100, checkpoint_every=1000, eval_batch=50)
 _PAPER = dict(K_bits=-0.55, K_minus_L_null_bits=1.5)
 

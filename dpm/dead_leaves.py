@@ -188,7 +188,7 @@ def fit_gaussian(x: torch.Tensor):
                          f"{X.shape[1]} training images, got {len(X)}")
     m = X.mean(0)
     Xc = X - m
-    # $\boldsymbol\Sigma = \frac1N\sum_n (\mathbf x_n - \boldsymbol\mu)(\mathbf x_n - \boldsymbol\mu)^\top$
+    # $\Sigma = \frac1N\sum_n (\mathbf x_n - \mu)(\mathbf x_n - \mu)^\top$
     return m, Xc.T @ Xc / len(X)
 
 # %% ../nbs/11_dead_leaves.ipynb #1ec80b8b
@@ -306,7 +306,8 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, co
               conv_layers=2, hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9,
               eval_every=0, eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto',
-            T=1000, **network_config('dead_leaves'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999, eval_every=2500, eval_size=100,
+            T=1000, **network_config('dead_leaves'), steps=100_000, batch_size=128, lr=1e-3,
+            ema=0.999, eval_every=2500, eval_size=100,
             checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=1.489, K_minus_L_null_bits=3.536, MCGSM_bits=1.244)
 

@@ -254,7 +254,7 @@ def check_output_device(xt, *outputs):
 
 # %% ../nbs/01_diffusion.ipynb #c83cab15
 LN2 = math.log(2.0)
-# $L_{null}$ of unit-variance data under $\mathcal N(0,1)$: $-\tfrac12\log_2(2\pi e)$ bits per dimension
+# $L_{null}$ of unit-variance data under $\mathcal N(0,1)$: $-\tfrac12\log_2(2\pi e)$ bits per dim
 GAUSS_L_NULL_BITS = -0.5 * math.log2(2 * math.pi * math.e)
 
 def nats_to_bits(x):
