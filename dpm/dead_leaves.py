@@ -3,14 +3,15 @@
 # %% auto #0
 __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE', 'DEAD_LEAVES', 'DEAD_LEAVES_GPU',
            'check_leaves', 'window_radii', 'window_radii_cdf', 'dead_leaves_levels', 'dequantize', 'lens_area',
-           'same_disk_probability', 'fit_scale', 'ceiling_bits', 'fit_gaussian', 'gaussian_log_prob',
-           'gaussian_log_likelihood', 'leaves_images', 'plot_figure4']
+           'same_disk_probability', 'fit_scale', 'ceiling_bits', 'leaves_images', 'plot_figure4']
 
 # %% ../nbs/11_dead_leaves.ipynb #1f4d2377
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, image_diffusion, network_config
+from .image_network import ImageReverse, image_diffusion, network_config, linear_path
+from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood, fit_eigen,
+                           LinearReverse, image_baselines)
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
 # %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
@@ -178,37 +179,6 @@ def ceiling_bits(scale: float, levels: int = LEVELS) -> float:
 L_NULL_BITS = GAUSS_L_NULL_BITS
 DATA_SHIFT, DATA_SCALE = 0.5, 1 / math.sqrt(12)             # m and s of eq-dl-scale, exact
 
-# %% ../nbs/11_dead_leaves.ipynb #a49939bb
-@torch.no_grad()
-def fit_gaussian(x: torch.Tensor):
-    "Mean (D,) and covariance (D, D) of images (N, ...), maximum likelihood, float64 (eq-dl-gauss)."
-    X = x.reshape(len(x), -1).double()
-    if len(X) <= X.shape[1]:
-        raise ValueError(f"dpm: a full covariance of {X.shape[1]} values needs more than "
-                         f"{X.shape[1]} training images, got {len(X)}")
-    m = X.mean(0)
-    Xc = X - m
-    # $\Sigma = \frac1N\sum_n (\mathbf x_n - \mu)(\mathbf x_n - \mu)^\top$
-    return m, Xc.T @ Xc / len(X)
-
-# %% ../nbs/11_dead_leaves.ipynb #1ec80b8b
-@torch.no_grad()
-def gaussian_log_prob(m, Sigma, x, batch: int = 1000) -> torch.Tensor:
-    "log N(x; m, Sigma) per image through the Cholesky factor, nats, float64 (eq-dl-gauss)."
-    L = torch.linalg.cholesky(Sigma)
-    D, half_logdet = len(m), L.diagonal().log().sum()
-    out = []
-    for y in x.reshape(len(x), -1).to(m).split(batch):
-        # $\mathbf z = \mathbf L^{-1}(\tilde{\mathbf x}-\boldsymbol\mu)$
-        z = torch.linalg.solve_triangular(L, (y - m).T, upper=False)
-        # $-\tfrac12(D\log 2\pi + \|\mathbf z\|^2) - \sum_i \log L_{ii}$
-        out.append(-0.5 * (D * math.log(2 * math.pi) + (z * z).sum(0)) - half_logdet)
-    return torch.cat(out)
-
-def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: int = 2000):
-    "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-dl-gauss)."
-    return gaussian_log_prob(*fit_gaussian(train), heldout, batch)
-
 # %% ../nbs/11_dead_leaves.ipynb #fdb2718c
 @functools.lru_cache(maxsize=4)
 def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: int, device: str):
@@ -233,44 +203,38 @@ def _data(cfg, seed):
 
 # %% ../nbs/11_dead_leaves.ipynb #a440a56b
 def _build(cfg):
-    "The diffusion, with m and s of eq-dl-scale as buffers, and the paper's conv network."
+    "The diffusion, m and s of eq-dl-scale as buffers, the conv network with its linear path."
     S = int(cfg['size'])
     d = image_diffusion(cfg)
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
+    linear = linear_path(cfg, d, (1, S, S), _data(cfg, cfg.get('seed', 0))[0])   # eq-net-residual
     reverse = ImageReverse(d, (1, S, S), pathway='conv', n_scales=cfg['n_scales'],
                            conv_channels=cfg['conv_channels'], conv_layers=cfg['conv_layers'],
                            kernel_size=cfg['kernel_size'], hidden_1x1=cfg['hidden_1x1'],
                            layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'],
-                           variant=cfg['variant'])
+                           variant=cfg['variant'], linear=linear)
     return d, reverse
 
 # %% ../nbs/11_dead_leaves.ipynb #f1574e26
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    "K (eq-k-general), K - L_null, Gaussian (eq-dl-gauss), ceiling (eq-dl-ceiling): bits/pixel."
-    dev = d.device
+    "K (eq-k-general) beside the baselines of eq-base-paired, K - L_null, ceiling: bits/pixel."
+    dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
-    D = x[0].numel()
-    torch.manual_seed(cfg.get('seed', 0) + 1)
+    train = _data(cfg, seed)[0].to(dev)
+    linear = reverse.linear or LinearReverse(d, x.shape[1:], fit_eigen(train)).to(dev)
     t0 = time.perf_counter()
-    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])
+    res = image_baselines(d, reverse, linear, train, x, seed + 1, cfg['eval_batch'])
     seconds = time.perf_counter() - t0
-    train = _data(cfg, cfg.get('seed', 0))[0]
-    if len(train) > D:                                             # eq-dl-gauss needs n > D
-        g = gaussian_log_likelihood(train.to(dev), x).cpu() / LN2 / D   # bits per pixel, per image
-        G, G_se = g.mean().item(), g.std().item() / math.sqrt(len(g))
-    else: G = G_se = math.nan
-    K, K_se = k['K_bits'] / D, k['K_bits_se'] / D
     top = ceiling_bits(d.data_scale.item(), cfg['levels'])
-    if K - 4 * K_se > top:
-        raise RuntimeError(f"dpm: K = {K:.3f} bits per pixel is above the ceiling {top:.3f}: a bug")
-    return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS,
-                K_minus_L_null_bits=K - L_NULL_BITS,
-                gaussian_bits=G, gaussian_bits_se=G_se, K_minus_gaussian_bits=K - G,
-                K_minus_gaussian_se=math.sqrt(K_se ** 2 + G_se ** 2), ceiling_bits=top,
-                data_shift=d.data_shift.item(), data_scale=d.data_scale.item(), n_heldout=len(x),
-                size=int(cfg['size']), T=d.T, bound_seconds=seconds)
+    if res['K_bits'] - 4 * res['K_bits_se'] > top:
+        raise RuntimeError(f"dpm: K = {res['K_bits']:.3f} bits per pixel is above the ceiling "
+                           f"{top:.3f}: a bug")
+    return dict(res, L_null_bits=L_NULL_BITS, K_minus_L_null_bits=res['K_bits'] - L_NULL_BITS,
+                ceiling_bits=top, data_shift=d.data_shift.item(), data_scale=d.data_scale.item(),
+                size=int(cfg['size']), T=d.T, beta_1=d.betas[0].item(),
+                alpha_bar_T=d.alphas_bar()[-1].item(), bound_seconds=seconds)
 
 # %% ../nbs/11_dead_leaves.ipynb #b3615a93
 @torch.no_grad()
@@ -297,9 +261,10 @@ def _figures(d, reverse, cfg, heldout):
 # %% ../nbs/11_dead_leaves.ipynb #da5a2807
 _DATA = dict(r_min=R_MIN, r_max=R_MAX, levels=LEVELS)
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=500, data_device='cpu', **_DATA,
-               T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
-               variant='reference', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
-               hidden_1x1=32, layers_1x1=2, n_bumps=10,           # variant: see the ablation
+               T=100, beta_1=1e-3, learn_schedule=False, schedule_bumps=10,
+               variant='reference', linear_path=True,         # eq-net-ref-kernel, eq-net-residual
+               n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
+               hidden_1x1=32, layers_1x1=2, n_bumps=10,
                steps=5000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
                eval_every=2000, eval_size=100, checkpoint_every=500, eval_batch=100)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, conv_channels=8,

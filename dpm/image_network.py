@@ -2,7 +2,7 @@
 
 # %% auto #0
 __all__ = ['VARIANTS', 'LEAK', 'PATHWAYS', 'IMAGE_CONFIGS', 'check_divisible', 'MultiScaleConv', 'ImageReverse',
-           'count_parameters', 'network_config', 'image_diffusion']
+           'count_parameters', 'network_config', 'linear_path', 'image_diffusion']
 
 # %% ../nbs/10_image_network.ipynb #2b104a45
 import math
@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .diffusion import per_step, GaussianDiffusion, GaussianSchedule
 from .reverse import ReverseModel, TemporalBumps, VAR_MIN
+from .baselines import LinearReverse, fit_eigen
 
 # %% ../nbs/10_image_network.ipynb #5d796918
 VARIANTS = ('paper', 'reference')
@@ -97,7 +98,8 @@ class ImageReverse(ReverseModel):
                  hidden_1x1: int = 64,        # width of the per-pixel (1x1) layers
                  layers_1x1: int = 2,         # number of 1x1 tanh layers before the readout
                  n_bumps: int = 10,           # J temporal bumps g_j(t) of the readout
-                 variant: str = 'paper'):     # 'paper' | 'reference' (the public code's choices)
+                 variant: str = 'paper',      # 'paper' | 'reference' (the public code's choices)
+                 linear: LinearReverse = None):  # residual path eq-net-residual (reference only)
         super().__init__(diffusion, tuple(image_shape))
         self._check_config(pathway, variant, n_scales, n_bumps, layers_1x1, dict(
             conv_layers=conv_layers, conv_channels=conv_channels, dense_layers=dense_layers,
@@ -109,7 +111,7 @@ class ImageReverse(ReverseModel):
         if self.use_dense:
             n_feat += self._build_dense(dense_hidden, dense_layers, dense_channels, act)
         self.n_conv, self.dense_channels = conv_channels, dense_channels
-        self._build_head(n_feat, hidden_1x1, layers_1x1, act)
+        self._build_head(n_feat, hidden_1x1, layers_1x1, act, linear)
 
 # %% ../nbs/10_image_network.ipynb #bab648c8
 PATHWAYS = ('conv', 'dense', 'both')
@@ -152,14 +154,17 @@ def _build_dense(self: ImageReverse, hidden, layers, channels, act):
 
 # %% ../nbs/10_image_network.ipynb #db2fbb09
 @patch
-def _build_head(self: ImageReverse, n_feat, hidden_1x1, layers_1x1, act):
-    "1x1 layers (eq-net-1x1), readout (eq-net-readout) and temporal bumps (eq-rev-bumps)."
+def _build_head(self: ImageReverse, n_feat, hidden_1x1, layers_1x1, act, linear=None):
+    "1x1 layers (eq-net-1x1), readout (eq-net-readout), bumps (eq-rev-bumps), linear path."
     C, layers = self.event_shape[0], []
     for _ in range(layers_1x1):                                  # eq-net-1x1
         layers += [nn.Conv2d(n_feat, hidden_1x1, 1), act()]; n_feat = hidden_1x1
     self.mlp_1x1 = nn.Sequential(*layers)
     self.readout = nn.Conv2d(n_feat, 2 * C * self.J, 1)          # y in R^{2J} per pixel, colour
     with torch.no_grad(): self.readout.weight.mul_(0.1)          # start near the forward kernel
+    self.linear = self._check_linear(linear)
+    if linear is not None:                                       # start at the linear model
+        with torch.no_grad(): self.readout.weight.zero_(); self.readout.bias.zero_()
     width = 1.0 if self.variant == 'paper' else 0.5              # reference: half the spacing
     self.bumps = TemporalBumps(self.T, self.J, width=width)
 
@@ -207,16 +212,36 @@ def raw(self: ImageReverse, xt, t):
 @patch
 def forward(self: ImageReverse, xt, t):
     """(mean, var) of p(x^{t-1} | x^t), each (B, C, H, W), in xt's dtype (float32 in autocast):
-    the kernel eq-rev-gauss, or eq-net-ref-kernel for variant='reference'."""
+    eq-rev-gauss; eq-net-ref-kernel for variant='reference'; eq-net-residual with a linear path."""
     self._check_images(xt)
     if self.variant == 'paper': return super(ImageReverse, self).forward(xt, t)
     t = self.check_input(xt, t)
     z = self.raw(xt, t)
     beta = per_step(self.diffusion.betas, t - 1, z[:, 0])          # beta_t, (B, 1, 1, 1)
-    # $\Sigma = \sigma\big(z_\Sigma/\sqrt T + \operatorname{logit}\beta_t\big)$
-    var = torch.sigmoid(z[:, 1] / math.sqrt(self.T) + torch.logit(beta)).clamp(min=VAR_MIN)
-    # $\mu = \mathbf x^{(t)}\sqrt{1-\beta_t} + z_\mu\sqrt{\beta_t}$
-    return xt * (1 - beta).sqrt() + z[:, 0] * beta.sqrt(), var
+    if self.linear is None:
+        # $\Sigma = \sigma\big(z_\Sigma/\sqrt T + \operatorname{logit}\beta_t\big)$
+        var = torch.sigmoid(z[:, 1] / math.sqrt(self.T) + torch.logit(beta)).clamp(min=VAR_MIN)
+        # $\mu = \mathbf x^{(t)}\sqrt{1-\beta_t} + z_\mu\sqrt{\beta_t}$
+        return xt * (1 - beta).sqrt() + z[:, 0] * beta.sqrt(), var
+    mean_lin, var_lin = self.linear(xt, t)                         # eq-base-rev-mean, -var
+    # $\Sigma = \sigma\big(z_\Sigma/\sqrt T + \operatorname{logit}\mathbf v^{lin}_t\big)$
+    var = torch.sigmoid(z[:, 1] / math.sqrt(self.T) + torch.logit(var_lin)).clamp(min=VAR_MIN)
+    # $\mu = \boldsymbol\mu^{lin}_t(\mathbf x^{(t)}) + z_\mu\sqrt{\beta_t}$
+    return mean_lin + z[:, 0] * beta.sqrt(), var
+
+# %% ../nbs/10_image_network.ipynb #1889a61b
+@patch
+def _check_linear(self: ImageReverse, linear):
+    "The linear path of eq-net-residual: a LinearReverse of the same diffusion and image shape."
+    if linear is None: return None
+    if self.variant != 'reference':
+        raise ValueError("dpm: a linear path (eq-net-residual) needs variant='reference'")
+    if not isinstance(linear, LinearReverse) or linear.diffusion is not self.diffusion:
+        raise ValueError("dpm: linear must be a LinearReverse of the network's own diffusion")
+    if linear.event_shape != self.event_shape:
+        raise ValueError(f"dpm: the linear path is for {linear.event_shape}, the network for "
+                         f"{self.event_shape}")
+    return linear
 
 # %% ../nbs/10_image_network.ipynb #7f673505
 IMAGE_CONFIGS = {                  # keyword arguments of ImageReverse for the image experiments
@@ -236,6 +261,10 @@ def count_parameters(module: nn.Module) -> int:
 def network_config(name: str) -> dict:
     "The network keywords of IMAGE_CONFIGS[name], for an experiment's configuration."
     return {k: v for k, v in IMAGE_CONFIGS[name].items() if k not in ('image_shape', 'pathway')}
+
+def linear_path(cfg: dict, d, image_shape, train):
+    "cfg['linear_path']: the LinearReverse of the training images (eq-net-residual), else None."
+    return LinearReverse(d, image_shape, fit_eigen(train)) if cfg['linear_path'] else None
 
 def image_diffusion(cfg: dict) -> GaussianDiffusion:
     "An image experiment's diffusion: cfg's T, beta_1 and bump schedule (eq-gauss-schedule)."
