@@ -59,8 +59,8 @@ def inpaint_images(cfg, seed: int = 0):
 # %% ../nbs/15_bark.ipynb #8fc4cdcb
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=200, inpaint_size=64, hole=24,
                border=4, inpaint_samples=2,
-               T=500, beta_1=1e-3, learn_schedule=True, schedule_bumps=10,
-               variant='paper', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
+               T=500, beta_1=1e-3, learn_schedule=False, schedule_bumps=10,
+               variant='reference', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
                hidden_1x1=32, layers_1x1=2, n_bumps=10,
                steps=10_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
                eval_every=2500, eval_size=100, checkpoint_every=500, eval_batch=100)
@@ -74,7 +74,7 @@ _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=500, inpain
 _PAPER = dict(K_bits=-0.55, K_minus_L_null_bits=1.5)
 
 # %% ../nbs/15_bark.ipynb #22b539e3
-from .dead_leaves import gaussian_log_likelihood      # eq-bark-gauss = eq-dl-gauss
+from .baselines import gaussian_log_likelihood, image_baselines   # eq-bark-gauss = eq-base-gauss
 
 # %% ../nbs/15_bark.ipynb #354930f5
 _NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'hidden_1x1', 'layers_1x1',
@@ -319,14 +319,12 @@ def _evaluate(d, reverse, cfg, heldout):
     dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
     D = x[0].numel()
-    torch.manual_seed(seed + 1)
+    train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()
-    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])
+    base = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])   # eq-base-paired
     seconds = time.perf_counter() - t0
-    train = _data(cfg, seed)[0]
-    g = gaussian_log_likelihood(train.to(dev), x).cpu() / LN2 / D     # bits per pixel, per patch
-    K, K_se = k['K_bits'] / D, k['K_bits_se'] / D
-    G, G_se = g.mean().item(), g.std().item() / math.sqrt(len(g))
+    K, K_se, G, G_se = (base[k_] for k_ in ('K_bits', 'K_bits_se', 'gaussian_bits',
+                                            'gaussian_bits_se'))
     scaler = Scaler(d.scaler_shift.item(), d.scaler_scale.item())
     top = ceiling_bits(scaler)
     if K - 4 * K_se > top:
@@ -335,12 +333,13 @@ def _evaluate(d, reverse, cfg, heldout):
     rec = bark_levels(cfg, seed)[3]
     return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS,
                 K_minus_L_null_bits=K - L_NULL_BITS, gaussian_bits=G, gaussian_bits_se=G_se,
-                K_minus_gaussian_bits=K - G, K_minus_gaussian_se=math.sqrt(K_se ** 2 + G_se ** 2),
+                K_minus_gaussian_bits=K - G, K_minus_gaussian_se=base['K_minus_gaussian_se'],
                 ceiling_bits=top, nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(K * LN2, scaler),
                 scaler_shift=scaler.shift, scaler_scale=scaler.scale, n_heldout=len(x),
                 size=int(cfg['size']), T=d.T, bound_seconds=seconds, data=rec.name,
                 data_stand_in=rec.stand_in, data_checksum=rec.checksum,
-                inpaint=fills, inpaint_info=info)
+                inpaint=fills, inpaint_info=info, baselines=base, beta_1=d.betas[0].item(),
+                alpha_bar_T=d.alphas_bar()[-1].item())
 
 # %% ../nbs/15_bark.ipynb #5cbab85c
 def plot_figure5(x, known, fills, scaler: Scaler, image: int = 0):

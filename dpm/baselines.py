@@ -2,7 +2,8 @@
 
 # %% auto #0
 __all__ = ['fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit', 'fit_eigen', 'LinearReverse',
-           'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'paired_bounds', 'paired', 'image_baselines']
+           'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'paired_bounds', 'paired', 'linear_of',
+           'image_baselines']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
 import math
@@ -43,7 +44,7 @@ def gaussian_log_likelihood(train: torch.Tensor, heldout: torch.Tensor, batch: i
     "Per-image log N(heldout; mean, covariance of train), nats, float64 (eq-base-gauss)."
     return gaussian_log_prob(*fit_gaussian(train), heldout, batch)
 
-# %% ../nbs/10a_baselines.ipynb #6b765f37
+# %% ../nbs/10a_baselines.ipynb #0fccde50
 class GaussianFit(NamedTuple):
     "A Gaussian N(mean, U diag(eigvals) U^T) of flattened images, float64 (eq-base-eig)."
     mean: torch.Tensor       # (D,) m
@@ -169,16 +170,21 @@ def paired(a: torch.Tensor, b: torch.Tensor) -> tuple:
     diff = (a - b).double()
     return diff.mean().item(), diff.std().item() / math.sqrt(len(diff))
 
-# %% ../nbs/10a_baselines.ipynb #63e941ad
+# %% ../nbs/10a_baselines.ipynb #493206fd
 def _bits_stats(v: torch.Tensor, D: int) -> tuple:
     "Mean and standard error of per-image nats, as bits per dimension."
     return v.mean().item() / LN2 / D, v.std().item() / math.sqrt(len(v)) / LN2 / D
 
+def linear_of(d, reverse, train) -> LinearReverse:
+    "A network's own linear path (eq-net-residual) or, if it has none, the linear model of train."
+    own = getattr(reverse, 'linear', None)
+    return own if own is not None else LinearReverse(d, train.shape[1:], fit_eigen(train)).to(d.device)
+
 @torch.no_grad()
-def image_baselines(d, reverse, linear: LinearReverse, train, x, seed: int = 0,
-                    batch_size: int = 500) -> dict:
-    "K, the linear model, the Gaussian, floor, prior gap, paired differences: bits/dim (eq-base-paired)."
-    D = x[0].numel()
+def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
+                    linear: LinearReverse = None) -> dict:
+    "K, linear model, Gaussian, floor, prior gap, paired differences: bits/dim (eq-base-paired)."
+    D, linear = x[0].numel(), linear or linear_of(d, reverse, train)
     r = paired_bounds(d, dict(network=reverse, linear=linear), x, seed, batch_size)
     k, k_lin = r['network']['k'], r['linear']['k']
     g = gaussian_log_likelihood(train, x).cpu()

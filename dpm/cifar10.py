@@ -9,11 +9,12 @@ __all__ = ['L_NULL_BITS_PER_DIM', 'CHANNELS', 'PAPER_K_BITS_PER_PIXEL', 'PAPER_K
 import math, time, functools
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config
+from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
+                               linear_path)
 from .training import Experiment, train_or_load, evaluate_bound
 from .data import load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit
 from .posterior import denoise
-from .dead_leaves import fit_gaussian, gaussian_log_prob
+from .baselines import fit_gaussian, gaussian_log_prob, image_baselines
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
 # $L_{null}/D = -\tfrac12\log_2(2\pi e)$ bits per value, unit Gaussian (eq-cf-lnull)
@@ -81,7 +82,8 @@ def _data(cfg, seed):
 
 # %% ../nbs/14_cifar10.ipynb #4047a1ed
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=1000, n_eval=250, n_denoise=16, n_posterior=4,
-               T=100, beta_1=1e-3, learn_schedule=True, schedule_bumps=10, variant='paper',
+               T=100, beta_1=5e-5, learn_schedule=False, schedule_bumps=10,   # eq-base-floor
+               variant='reference', linear_path=True,          # eq-net-ref-kernel, eq-net-residual
                n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3, dense_hidden=300,
                dense_layers=2, dense_channels=3, hidden_1x1=48, layers_1x1=2, n_bumps=10,
                steps=12_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
@@ -91,7 +93,8 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_poste
               hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9, eval_every=0,
               eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=32, n_train=50_000, n_heldout=10_000, n_eval=500, n_denoise=32,
-            T=1000, **network_config('cifar10'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
+            T=1000, beta_1=2e-5, linear_path=False,   # a 3072 x 3072 eigenbasis: 36 MB per model
+            **network_config('cifar10'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=5000, eval_size=100, checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=PAPER_K_BITS_PER_PIXEL, K_minus_L_null_bits=PAPER_K_MINUS_L_NULL)
 
@@ -100,13 +103,14 @@ NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'dense_hi
             'dense_layers', 'dense_channels', 'hidden_1x1', 'layers_1x1', 'n_bumps', 'variant')
 
 def _build(cfg):
-    "Diffusion (eq-rev-gauss), learned schedule, scaler as buffers (eq-data-scale), both pathways."
+    "Diffusion, scaler as buffers (eq-data-scale), both pathways, linear path (eq-net-residual)."
     S = int(cfg['size'])
     d = image_diffusion(cfg)
     scaler = fit_scaler(cfg, cfg.get('seed', 0))
     d.register_buffer('data_shift', torch.tensor(scaler.shift, dtype=torch.float64))
     d.register_buffer('data_scale', torch.tensor(scaler.scale, dtype=torch.float64))
-    reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both',
+    linear = linear_path(cfg, d, (CHANNELS, S, S), _data(cfg, cfg.get('seed', 0))[0])
+    reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both', linear=linear,
                            **{k: cfg[k] for k in NET_KEYS})          # eq-net-msconv, eq-net-dense
     return d, reverse
 
@@ -191,19 +195,20 @@ def _evaluate(d, reverse, cfg, heldout):
     dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
     D, scaler = x[0].numel(), model_scaler(d)
-    torch.manual_seed(seed + 1)
+    train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()
-    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])      # eq-k-general
+    base = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])   # eq-base-paired
     bound_seconds = time.perf_counter() - t0
-    m, Sigma = fit_gaussian(_data(cfg, seed)[0].to(dev))
+    m, Sigma = fit_gaussian(train)
     g = gaussian_log_prob(m, Sigma, x).cpu() / D               # nats per dim, per image
-    K, K_se = k['K_nats'] / D, k['K_nats_se'] / D                    # nats per dim
+    K, K_se = base['K_bits'] * LN2, base['K_bits_se'] * LN2          # nats per dim
     ceiling = _check_ceiling(K, K_se, scaler)
     t0 = time.perf_counter()
     den = denoising(d, reverse, x[:cfg['n_denoise']], 1.0, cfg['n_posterior'], (m, Sigma), seed)
     denoise_seconds = time.perf_counter() - t0
     rec = cifar_images(cfg, seed)[3]
     out = _table1_numbers(K, K_se, g, scaler, ceiling)
+    out.update(baselines=base, beta_1=d.betas[0].item(), alpha_bar_T=d.alphas_bar()[-1].item())
     out.update(n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
                denoise_seconds=denoise_seconds, data=rec.name, stand_in=rec.stand_in)
     out.update({k_: den[k_] for k_ in ('mse_noisy', 'mse_sample', 'mse_posterior_mean',

@@ -9,9 +9,10 @@ __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE'
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, image_diffusion, network_config, linear_path
-from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood, fit_eigen,
-                           LinearReverse, image_baselines)
+from .image_network import (ImageReverse, image_diffusion, network_config, linear_path,
+                               check_divisible)
+from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood,
+                           image_baselines)
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
 
 # %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
@@ -205,6 +206,7 @@ def _data(cfg, seed):
 def _build(cfg):
     "The diffusion, m and s of eq-dl-scale as buffers, the conv network with its linear path."
     S = int(cfg['size'])
+    check_divisible(S, S, cfg['n_scales'])                      # before any data are made
     d = image_diffusion(cfg)
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
@@ -223,9 +225,8 @@ def _evaluate(d, reverse, cfg, heldout):
     dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
     train = _data(cfg, seed)[0].to(dev)
-    linear = reverse.linear or LinearReverse(d, x.shape[1:], fit_eigen(train)).to(dev)
     t0 = time.perf_counter()
-    res = image_baselines(d, reverse, linear, train, x, seed + 1, cfg['eval_batch'])
+    res = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])
     seconds = time.perf_counter() - t0
     top = ceiling_bits(d.data_scale.item(), cfg['levels'])
     if res['K_bits'] - 4 * res['K_bits_se'] > top:
@@ -271,6 +272,7 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, co
               conv_layers=2, hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9,
               eval_every=0, eval_size=20, eval_batch=40)
 _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=1000, data_device='auto',
+            linear_path=False,                 # a 4096 x 4096 eigenbasis: 64 MB per model
             T=1000, **network_config('dead_leaves'), steps=100_000, batch_size=128, lr=1e-3,
             ema=0.999, eval_every=2500, eval_size=100,
             checkpoint_every=1000, eval_batch=250)

