@@ -1,6 +1,7 @@
 #!/usr/bin/env python
 """Model files small enough to leave a GPU machine and to commit: the weights of `model.pt` in
-bfloat16 (float32 tensors only; buffers that are integers or float64 stay exact), split into shards
+bfloat16 (float32 tensors only; integer and float64 buffers and the eigenbasis of a linear path stay
+exact), split into shards
 of at most 15 MiB, and put back together as a loadable `model.pt` (float32 again).
 
     python bench/weights.py pack OUTDIR results/x_gpu/model.pt ...   # OUTDIR/x_gpu.bf16.NN.pt
@@ -18,7 +19,8 @@ def pack(out_dir, paths):
     out_dir = Path(out_dir); out_dir.mkdir(parents=True, exist_ok=True)
     for path in map(Path, paths):
         ck = load_checkpoint(path)
-        ck['model'] = {k: v.bfloat16() if v.dtype == torch.float32 else v for k, v in ck['model'].items()}
+        ck['model'] = {k: v.bfloat16() if v.dtype == torch.float32 and '.lin_' not in k else v
+                       for k, v in ck['model'].items()}     # a linear path's eigenbasis stays float32
         buf = io.BytesIO(); torch.save(ck, buf); raw = buf.getvalue()
         name = path.parent.name
         for i in range(0, len(raw), SHARD):
