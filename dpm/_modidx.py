@@ -507,5 +507,6 @@ d = { 'settings': { 'branch': 'main',
                               'dpm.training.train': ('training.html#train', 'dpm/training.py'),
                               'dpm.training.train_or_load': ('training.html#train_or_load', 'dpm/training.py'),
                               'dpm.training.upgrade_checkpoint': ('training.html#upgrade_checkpoint', 'dpm/training.py'),
+                              'dpm.training.weights_follow': ('training.html#weights_follow', 'dpm/training.py'),
                               'dpm.training.world': ('training.html#world', 'dpm/training.py'),
                               'dpm.training.write_json': ('training.html#write_json', 'dpm/training.py')}}}

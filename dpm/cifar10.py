@@ -109,7 +109,7 @@ def _build(cfg):
     scaler = fit_scaler(cfg, cfg.get('seed', 0))
     d.register_buffer('data_shift', torch.tensor(scaler.shift, dtype=torch.float64))
     d.register_buffer('data_scale', torch.tensor(scaler.scale, dtype=torch.float64))
-    linear = linear_path(cfg, d, (CHANNELS, S, S), _data(cfg, cfg.get('seed', 0))[0])
+    linear = linear_path(cfg, d, (CHANNELS, S, S), lambda: _data(cfg, cfg.get('seed', 0))[0])
     reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both', linear=linear,
                            **{k: cfg[k] for k in NET_KEYS})          # eq-net-msconv, eq-net-dense
     return d, reverse

@@ -210,7 +210,7 @@ def _build(cfg):
     d = image_diffusion(cfg)
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
-    linear = linear_path(cfg, d, (1, S, S), _data(cfg, cfg.get('seed', 0))[0])   # eq-net-residual
+    linear = linear_path(cfg, d, (1, S, S), lambda: _data(cfg, cfg.get('seed', 0))[0])
     reverse = ImageReverse(d, (1, S, S), pathway='conv', n_scales=cfg['n_scales'],
                            conv_channels=cfg['conv_channels'], conv_layers=cfg['conv_layers'],
                            kernel_size=cfg['kernel_size'], hidden_1x1=cfg['hidden_1x1'],

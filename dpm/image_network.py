@@ -12,7 +12,8 @@ import torch.nn.functional as F
 from fastcore.basics import patch
 from .diffusion import per_step, GaussianDiffusion, GaussianSchedule
 from .reverse import ReverseModel, TemporalBumps, VAR_MIN
-from .baselines import LinearReverse, fit_eigen
+from .baselines import LinearReverse, GaussianFit, fit_eigen
+from .training import weights_follow
 
 # %% ../nbs/10_image_network.ipynb #5d796918
 VARIANTS = ('paper', 'reference')
@@ -263,8 +264,13 @@ def network_config(name: str) -> dict:
     return {k: v for k, v in IMAGE_CONFIGS[name].items() if k not in ('image_shape', 'pathway')}
 
 def linear_path(cfg: dict, d, image_shape, train):
-    "cfg['linear_path']: the LinearReverse of the training images (eq-net-residual), else None."
-    return LinearReverse(d, image_shape, fit_eigen(train)) if cfg['linear_path'] else None
+    "cfg['linear_path']: the LinearReverse of train() (eq-net-residual), else None (no data made)."
+    if not cfg['linear_path']: return None
+    if weights_follow():                        # loading a model: its file holds the fit
+        D = math.prod(image_shape)
+        fit = GaussianFit(torch.zeros(D), torch.ones(D), torch.eye(D))
+    else: fit = fit_eigen(train())
+    return LinearReverse(d, image_shape, fit)
 
 def image_diffusion(cfg: dict) -> GaussianDiffusion:
     "An image experiment's diffusion: cfg's T, beta_1 and bump schedule (eq-gauss-schedule)."

@@ -130,7 +130,7 @@ def _build(cfg):
                            dense_layers=cfg['dense_layers'], dense_channels=cfg['dense_channels'],
                            hidden_1x1=cfg['hidden_1x1'], layers_1x1=cfg['layers_1x1'],
                            n_bumps=cfg['n_bumps'], variant=cfg['variant'],
-                           linear=linear_path(cfg, d, SHAPE, _data(cfg, cfg.get('seed', 0))[0]))
+                           linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, cfg.get('seed', 0))[0]))
     return d, reverse
 
 # %% ../nbs/13_mnist.ipynb #285bb7e6

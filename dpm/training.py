@@ -5,11 +5,12 @@ __all__ = ['TRAIN_KEYS', 'TRAIN_DEFAULTS', 'COMMON_KEYS', 'ALPHA_BAR_T_MAX', 'FO
            'key_from_default', 'check_config', 'pick_device', 'CheckpointError', 'atomic_save', 'checksum',
            'load_checkpoint', 'upgrade_checkpoint', 'signature', 'check_compatible', 'Model', 'check_devices',
            'evaluate_bound', 'world', 'init_distributed', 'Objective', 'train', 'Experiment', 'repo_root', 'machine',
-           'peak_memory_mb', 'OutDirError', 'check_out_dir', 'out_lock', 'build', 'write_json', 'run', 'save_model',
-           'load_model', 'train_or_load']
+           'peak_memory_mb', 'OutDirError', 'check_out_dir', 'out_lock', 'weights_follow', 'build', 'write_json', 'run',
+           'save_model', 'load_model', 'train_or_load']
 
 # %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, math, time, json, platform, resource, tempfile, hashlib, fcntl, warnings
+import contextvars
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
@@ -712,11 +713,20 @@ def _seed_all(seed):
     "Seed the global generator before a model is built."
     torch.manual_seed(seed)
 
+_WEIGHTS_FOLLOW = contextvars.ContextVar('dpm_weights_follow', default=False)
+
+def weights_follow() -> bool:
+    "True while a model file is being loaded: what a builder fits from data will be overwritten."
+    return _WEIGHTS_FOLLOW.get()
+
 def build(exp: Experiment, cfg: dict, seed: int = 0, device=None, cap: int = None):
     "Build (diffusion, reverse) for a configuration from `seed`, on `device`; `cap`: max elements."
     _seed_all(seed)
-    with _AllocationCap(cap, f"the configuration of {exp.name}") if cap else nullcontext():
-        d, reverse = exp.build(cfg)
+    token = _WEIGHTS_FOLLOW.set(cap is not None)          # a cap: load_model's build
+    try:
+        with _AllocationCap(cap, f"the configuration of {exp.name}") if cap else nullcontext():
+            d, reverse = exp.build(cfg)
+    finally: _WEIGHTS_FOLLOW.reset(token)
     dev = pick_device(device)
     return d.to(dev), reverse.to(dev)
 
