@@ -2,15 +2,15 @@
 
 # %% auto #0
 __all__ = ['r_weights', 'Observation', 'GaussianObservation', 'Mask', 'BitProbabilities', 'LogDensity', 'sample_posterior',
-           'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior', 'h_transform_sample', 'parse_bits',
-           'draw_bit_posterior', 'draw_2d_posterior']
+           'NoisedGaussianObservation', 'NoisedMask', 'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior',
+           'h_transform_sample', 'GaussianDataReverse', 'parse_bits', 'draw_bit_posterior', 'draw_2d_posterior']
 
 # %% ../nbs/09_posterior.ipynb #57a28e35
 import math
 import torch
 from torch import nn
 from fastcore.basics import patch
-from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps
+from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step
 from .bound import _sample_batch, _ancestral, _check_chain
 
 # %% ../nbs/09_posterior.ipynb #f2b2abdd
@@ -85,6 +85,12 @@ def _observed(self: Observation, like):
     if self.mask is None: return torch.ones_like(like, dtype=torch.bool)
     return self._on(like, self.mask)
 
+# %% ../nbs/09_posterior.ipynb #a9e1c0d3
+@patch
+def perturb_step(self: Observation, d, params, w: float, s: int):
+    "The kernel of $x_s$ times $r_s = r^{w}$, normalised: one r at every step (eq-post-schedules)."
+    return self.perturb(d, params, w)
+
 # %% ../nbs/09_posterior.ipynb #4abe64b9
 class GaussianObservation(Observation):
     "$r(x) = N(y; x, \\sigma^2)$ on observed coordinates; exact product (eq-post-gauss-product)."
@@ -110,6 +116,15 @@ class GaussianObservation(Observation):
         return torch.where(m, terms, torch.zeros_like(terms)).flatten(1).sum(1)
 
 # %% ../nbs/09_posterior.ipynb #9d04eb26
+def _gauss_product(mean, var, y, sigma2, observed, w: float):
+    "N(mean, var) times $N(y; x, \\sigma^2)^w$ where observed, normalised (eq-post-gauss-product)."
+    # $\lambda = w/\sigma^2$ on observed coordinates, 0 elsewhere
+    prec = torch.where(observed, w / sigma2, torch.zeros_like(mean))
+    # $\tilde\Sigma = (1/\Sigma + \lambda)^{-1}$
+    new_var = var / (1 + var * prec)
+    # $\tilde\mu = \tilde\Sigma\,(\mu/\Sigma + \lambda y)$
+    return new_var * (mean / var + prec * y), new_var
+
 @patch
 def perturb(self: GaussianObservation, d, params, w: float):
     "N(mean, var) times $r^w$, normalised: the exact product (eq-post-gauss-product)."
@@ -118,12 +133,7 @@ def perturb(self: GaussianObservation, d, params, w: float):
     mean, var = params
     if w == 0: return mean, var
     sigma2 = self._on(mean, self.var.expand_as(self.y))
-    # $\lambda = w/\sigma^2$ on observed coordinates, 0 elsewhere
-    prec = torch.where(self._observed(mean), w / sigma2, torch.zeros_like(mean))
-    # $\tilde\Sigma = (1/\Sigma + \lambda)^{-1}$
-    new_var = var / (1 + var * prec)
-    # $\tilde\mu = \tilde\Sigma\,(\mu/\Sigma + \lambda y)$
-    return new_var * (mean / var + prec * self._on(mean)), new_var
+    return _gauss_product(mean, var, self._on(mean), sigma2, self._observed(mean), w)
 
 # %% ../nbs/09_posterior.ipynb #0ace8871
 class Mask(Observation):
@@ -223,51 +233,99 @@ def _posterior_batch(d: Diffusion, reverse, r, shape, device, dtype):
 @torch.no_grad()
 def sample_posterior(d: Diffusion, reverse, r: Observation, shape, schedule='constant', device=None,
                      dtype=None, generator=None, return_trajectory: bool = False):
-    """Samples of $\\tilde p(x_0) \\propto p(x_0) r(x_0)$ by the paper's recipe: normalised
-    perturbed kernels (eq-post-kernel-norm) with $r_t = r^{w_t}$ (eq-post-schedules)."""
+    """Samples of $\\tilde p(x_0) \\propto p(x_0) r(x_0)$: normalised perturbed kernels
+    (eq-post-kernel-norm) with $r_t = r^{w_t}$ (eq-post-schedules) or r's own $r_t$
+    (eq-post-noised-r)."""
     like = _posterior_batch(d, reverse, r, shape, device, dtype)
     w = r_weights(schedule, d.T).tolist()
-    # $\tilde p(x_T) \propto \pi(x_T)\,r(x_T)^{w_T}$ (eq-post-start), then
-    # $\tilde p(x_{t-1} \mid x_t) \propto p(x_{t-1} \mid x_t)\,r(x_{t-1})^{w_{t-1}}$
-    tilt = lambda params, t: r.perturb(d, params, w[t])
+    # $\tilde p(x_T) \propto \pi(x_T)\,r_T(x_T)^{w_T}$ (eq-post-start), then
+    # $\tilde p(x_{t-1} \mid x_t) \propto p(x_{t-1} \mid x_t)\,r_{t-1}(x_{t-1})^{w_{t-1}}$
+    tilt = lambda params, t: r.perturb_step(d, params, w[t], t)
     return _ancestral(d, reverse, like, generator, return_trajectory, tilt)
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0d5
+class NoisedGaussianObservation(GaussianObservation):
+    """$r_s(x_s) = N(\\sqrt{\\bar\\alpha_s}\\,y;\\ x_s,\\ v_s)$,
+    $v_s = \\bar\\alpha_s\\sigma^2 + 1-\\bar\\alpha_s$, on observed coordinates: y pushed s steps
+    forward (eq-post-noised-r); $r_0 = r$."""
+    def perturb_step(self, d, params, w: float, s: int):
+        "The kernel of $x_s$ times $r_s^w$, normalised (eq-post-noised-r, eq-post-gauss-product)."
+        if not isinstance(d, GaussianDiffusion):
+            raise TypeError("a Gaussian observation needs a GaussianDiffusion")
+        mean, var = params
+        if w == 0: return mean, var
+        steps = torch.full(mean.shape[:1], s, dtype=torch.long, device=mean.device)
+        # $q(x_s \mid x_0 = y) = N(\sqrt{\bar\alpha_s}\,y,\ 1-\bar\alpha_s)$
+        y_s, forward_var = d.marginal(self._on(mean), steps)
+        sigma2 = self._on(mean, self.var.expand_as(self.y))
+        # $v_s = \bar\alpha_s\sigma^2 + 1-\bar\alpha_s$
+        v_s = per_step(d.alphas_bar(), steps, mean) * sigma2 + forward_var
+        return _gauss_product(mean, var, y_s, v_s, self._observed(mean), w)
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0d9
+class NoisedMask(Mask):
+    """Inpainting by replacement: observed entries of $x_s$ drawn from $q(x_s \\mid x_0 = y)$
+    (eq-post-replacement), y itself at s = 0; both diffusions."""
+    def perturb_step(self, d, params, w: float, s: int):
+        "The kernel of $x_s$ with its observed part replaced by $q(x_s \\mid x_0 = y)$."
+        if w == 0: return params
+        like = params[0] if isinstance(params, tuple) else params
+        steps = torch.full(like.shape[:1], s, dtype=torch.long, device=like.device)
+        # $N(\sqrt{\bar\alpha_s}y, 1-\bar\alpha_s)$; bits: $\bar\alpha_s y + (1-\bar\alpha_s)p$
+        target, m = d.marginal(self._on(like), steps), self._observed(like)
+        if isinstance(params, tuple):
+            return tuple(torch.where(m, q, p) for q, p in zip(target, params))
+        return torch.where(m, target, params)
 
 # %% ../nbs/09_posterior.ipynb #28cdb831
 def _float(x):
     "The dtype samples of observations `x` are drawn in: x's own if floating, else the default."
     return x.dtype if x.is_floating_point() else torch.get_default_dtype()
 
-def inpaint(d: Diffusion, reverse, x_obs, mask, schedule='constant', generator=None):
-    """Fill in the entries of `x_obs` (batch, ...) where `mask` is false; one posterior sample per
-    row (eq-post-delta). Integer observations (pixels, bits) give floating samples."""
-    x_obs = torch.as_tensor(x_obs)
-    return sample_posterior(d, reverse, Mask(x_obs, mask), x_obs.shape, schedule, x_obs.device,
-                            _float(x_obs), generator)
+def _recipe(recipe: str):
+    "(mask, Gaussian) observation classes of a recipe: 'paper' (constant r) or 'noised'."
+    kinds = dict(paper=(Mask, GaussianObservation), noised=(NoisedMask, NoisedGaussianObservation))
+    if recipe not in kinds: raise ValueError(f"recipe must be 'paper' or 'noised', got {recipe!r}")
+    return kinds[recipe]
 
-def denoise(d: Diffusion, reverse, y, noise_var, schedule='constant', generator=None):
+def inpaint(d: Diffusion, reverse, x_obs, mask, schedule='constant', generator=None,
+            recipe: str = 'paper'):
+    """Fill in the entries of `x_obs` (batch, ...) where `mask` is false; one posterior sample per
+    row: clamped (eq-post-delta) or, with recipe='noised', replaced (eq-post-replacement)."""
+    x_obs = torch.as_tensor(x_obs)
+    r = _recipe(recipe)[0](x_obs, mask)
+    return sample_posterior(d, reverse, r, x_obs.shape, schedule, x_obs.device, _float(x_obs),
+                            generator)
+
+def denoise(d: Diffusion, reverse, y, noise_var, schedule='constant', generator=None,
+            recipe: str = 'paper'):
     """One posterior sample per row of `y` (batch, ...) observed with Gaussian noise of variance
-    `noise_var` (eq-post-gauss-product)."""
+    `noise_var`: r at every step (eq-post-gauss-product) or, with recipe='noised', $r_t$
+    (eq-post-noised-r)."""
     y = torch.as_tensor(y)
-    return sample_posterior(d, reverse, GaussianObservation(y, noise_var), y.shape, schedule,
-                            y.device, _float(y), generator)
+    r = _recipe(recipe)[1](y, noise_var)
+    return sample_posterior(d, reverse, r, y.shape, schedule, y.device, _float(y), generator)
 
 # %% ../nbs/09_posterior.ipynb #de201e92
 Diffusion.sample_posterior = sample_posterior
 
 # %% ../nbs/09_posterior.ipynb #731a0a0a
 class LinearGaussianReverse(nn.Module):
-    """Reverse model $p(x_{t-1}|x_t) = N(A_t x_t, \\mathrm{diag}\\,v_t)$ for vectors (batch, D);
-    rows t = 1..T of A (T+1, D, D) and v (T+1, D) (row 0 unused)."""
+    """Reverse model $p(x_{t-1}|x_t) = N(A_t x_t + b_t, \\mathrm{diag}\\,v_t)$ for vectors
+    (batch, D); rows t = 1..T of A (T+1, D, D), b and v (T+1, D) (row 0 unused)."""
     def __init__(self,
-                 A,              # (T+1, D, D): the means A_t x_t, t = 1..T (row 0 unused)
-                 v):             # (T+1, D): the diagonal variances v_t > 0
+                 A,              # (T+1, D, D): the means A_t x_t + b_t, t = 1..T (row 0 unused)
+                 v,              # (T+1, D): the diagonal variances v_t > 0
+                 b=None):        # (T+1, D): the offsets b_t (None: zeros, data of mean 0)
         super().__init__()
         A, v = torch.as_tensor(A), torch.as_tensor(v)
         if A.ndim != 3 or A.shape[1] != A.shape[2] or v.shape != A.shape[:2]:
             raise ValueError(f"A must be (T+1, D, D) and v (T+1, D); "
                              f"got {tuple(A.shape)} and {tuple(v.shape)}")
+        b = torch.zeros(v.shape, dtype=torch.float64) if b is None else torch.as_tensor(b)
+        if b.shape != v.shape: raise ValueError(f"b must be (T+1, D) = {tuple(v.shape)}")
         if (v[1:] <= 0).any(): raise ValueError("reverse variances must be positive")
-        self.register_buffer('A', A.double()); self.register_buffer('v', v.double())
+        for name, value in dict(A=A, v=v, b=b).items(): self.register_buffer(name, value.double())
 
     @property
     def T(self) -> int: return self.A.shape[0] - 1
@@ -277,38 +335,48 @@ class LinearGaussianReverse(nn.Module):
         _check_chain(d, self)
 
     def forward(self, xt, t):
-        "(mean, var) of step t: $A_t x_t$ and $v_t$."
+        "(mean, var) of step t: $A_t x_t + b_t$ and $v_t$."
         t = check_steps(t, self.T, xt.shape[0])
-        mean = torch.einsum('bij,bj->bi', self.A[t].to(xt.dtype), xt)
+        mean = torch.einsum('bij,bj->bi', self.A[t].to(xt.dtype), xt) + self.b[t].to(xt.dtype)
         return mean, self.v[t].to(xt.dtype)
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0db
+def _data_mean(mean, D: int):
+    "A data mean of D values (any shape) as a float64 vector (D,), or a clear error."
+    m = torch.as_tensor(mean, dtype=torch.float64).detach().cpu()
+    if m.numel() != D: raise ValueError(f"the mean has {m.numel()} values, the covariance {D}")
+    if not torch.isfinite(m).all(): raise ValueError("the mean contains NaN or inf")
+    return m.reshape(D)
 
 # %% ../nbs/09_posterior.ipynb #2c59b431
 @patch(cls_method=True)
-def for_gaussian_data(cls: LinearGaussianReverse, d: GaussianDiffusion, Sigma):
-    """Exact reverse means of data $N(0, \\Sigma)$ under d (eq-gauss-marginal, eq-gauss-kernel),
+def for_gaussian_data(cls: LinearGaussianReverse, d: GaussianDiffusion, Sigma, mean=None):
+    """Exact reverse means of data $N(m, \\Sigma)$ under d (eq-post-linear-mean; m = 0 if None),
     with the diagonal of the exact reverse covariances."""
     Sigma = torch.as_tensor(Sigma, dtype=torch.float64)
     D, eye = Sigma.shape[0], torch.eye(Sigma.shape[0], dtype=torch.float64)
+    m = torch.zeros(D, dtype=torch.float64) if mean is None else _data_mean(mean, D)
     beta, alpha_bar = d.betas.detach().double().cpu(), d.alphas_bar().detach().double().cpu()
     A = torch.zeros(d.T + 1, D, D, dtype=torch.float64)
-    v = torch.ones(d.T + 1, D, dtype=torch.float64)
+    v, b = torch.ones(d.T + 1, D, dtype=torch.float64), torch.zeros(d.T + 1, D, dtype=torch.float64)
     for t in range(1, d.T + 1):
         # $P_{t-1} = \bar\alpha_{t-1}\Sigma + (1-\bar\alpha_{t-1})\mathbf I$, cov. of $x_{t-1}$
         P_prev = alpha_bar[t - 1] * Sigma + (1 - alpha_bar[t - 1]) * eye
         # $P_t = (1-\beta_t)P_{t-1} + \beta_t\mathbf I$, cov. of $x_t$
         P_t = (1 - beta[t - 1]) * P_prev + beta[t - 1] * eye
         # $A_t = \sqrt{1-\beta_t}\,P_{t-1}P_t^{-1}$
-        gain = (1 - beta[t - 1]).sqrt() * P_prev @ torch.linalg.inv(P_t)
-        A[t] = gain
+        A[t] = (1 - beta[t - 1]).sqrt() * P_prev @ torch.linalg.inv(P_t)
+        # $\mathbf b_t = \sqrt{\bar\alpha_{t-1}}\,\mathbf m - \sqrt{\bar\alpha_t}\,A_t\mathbf m$
+        b[t] = alpha_bar[t - 1].sqrt() * m - alpha_bar[t].sqrt() * A[t] @ m
         # $v_t = \mathrm{diag}\big(P_{t-1} - \sqrt{1-\beta_t}\,A_tP_{t-1}\big)$
-        v[t] = torch.diagonal(P_prev - (1 - beta[t - 1]).sqrt() * gain @ P_prev)
-    return cls(A, v)
+        v[t] = torch.diagonal(P_prev - (1 - beta[t - 1]).sqrt() * A[t] @ P_prev)
+    return cls(A, v, b)
 
 # %% ../nbs/09_posterior.ipynb #fbf6bb84
 @patch
 def steps(self: LinearGaussianReverse, d: GaussianDiffusion):
     """(A_t, v_t) for t = 1..T exactly as sampled by `reverse_step`: the model for t >= 2,
-    $T_\\pi$ at t = 1 (eq-first-step; index 0 unused)."""
+    $T_\\pi$ at t = 1 (eq-first-step; index 0 unused). The offsets: `offsets`."""
     self.check(d)
     A, v = self.A.clone(), self.v.clone()
     beta_1 = float(d.betas[0])
@@ -318,13 +386,27 @@ def steps(self: LinearGaussianReverse, d: GaussianDiffusion):
     return A, v
 
 @patch
+def offsets(self: LinearGaussianReverse, d: GaussianDiffusion):
+    "$b_t$ as sampled: the model's for t >= 2, none at t = 1 ($T_\\pi$, eq-first-step)."
+    self.check(d)
+    b = self.b.clone(); b[1] = 0
+    return b
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0e3
+@patch
+def marginal_moments(self: LinearGaussianReverse, d: GaussianDiffusion):
+    """Means $m_t$ and covariances $P_t$ of the model's $p(x_t)$, t = 0..T, from $\\pi$:
+    $m_{t-1} = A_t m_t + b_t$, $P_{t-1} = A_t P_t A_t^T + \\mathrm{diag}\\,v_t$."""
+    (A, v), b = self.steps(d), self.offsets(d)
+    m, P = [torch.zeros(A.shape[1], dtype=A.dtype)], [torch.eye(A.shape[1], dtype=A.dtype)]
+    for t in range(d.T, 0, -1):
+        m.append(A[t] @ m[-1] + b[t]); P.append(A[t] @ P[-1] @ A[t].T + torch.diag(v[t]))
+    return torch.stack(m[::-1]), torch.stack(P[::-1])
+
+@patch
 def marginal_covariances(self: LinearGaussianReverse, d: GaussianDiffusion):
-    """Covariances $P_t$ of the model's $p(x_t)$, t = 0..T, from $P_T = I$ and
-    $P_{t-1} = A_t P_t A_t^T + \\mathrm{diag}\\,v_t$."""
-    A, v = self.steps(d)
-    P = [torch.eye(A.shape[1], dtype=A.dtype)]
-    for t in range(d.T, 0, -1): P.append(A[t] @ P[-1] @ A[t].T + torch.diag(v[t]))
-    return torch.stack(P[::-1])
+    "Covariances $P_t$ of the model's $p(x_t)$, t = 0..T (`marginal_moments`)."
+    return self.marginal_moments(d)[1]
 
 # %% ../nbs/09_posterior.ipynb #15f37e4f
 def _linear_observation(r, D):
@@ -344,22 +426,24 @@ def _linear_observation(r, D):
 
 def exact_posterior(d: GaussianDiffusion, model: LinearGaussianReverse, r):
     "Mean and covariance of $p(x_0) r(x_0) / Z$ (eq-post-target), linear Gaussian model."
-    P0 = model.marginal_covariances(d)[0]
+    m0, P0 = (moment[0] for moment in model.marginal_moments(d))
     H, y, R = _linear_observation(r, P0.shape[0])
     # $S = HP_0H^\top + R$, gain $K = P_0H^\top S^{-1}$
     S = H @ P0 @ H.T + torch.diag(R)
     gain = P0 @ H.T @ torch.linalg.inv(S)
-    # $\mathcal N(K\mathbf y,\ P_0 - KHP_0)$
-    return gain @ y, P0 - gain @ H @ P0
+    # $\mathcal N(\mathbf m_0 + K(\mathbf y - H\mathbf m_0),\ P_0 - KHP_0)$
+    return m0 + gain @ (y - H @ m0), P0 - gain @ H @ P0
 
 # %% ../nbs/09_posterior.ipynb #e10fc00b
-def _h_likelihoods(A, v, H, R, T: int):
-    "M_s, S_s of p(y | x_s) = N(y; M_s x_s, S_s), s = 0..T (eq-post-h-recursion)."
-    M, S = [H], [torch.diag(R)]                             # $M_0 = H$, $S_0 = R$
+def _h_likelihoods(A, v, b, H, R, T: int):
+    "M_s, k_s, S_s of p(y | x_s) = N(y; M_s x_s + k_s, S_s), s = 0..T (eq-post-h-recursion)."
+    M, k, S = [H], [torch.zeros(H.shape[0], dtype=H.dtype)], [torch.diag(R)]   # $s = 0$
     for s in range(1, T + 1):
-        # $M_s = M_{s-1}A_s$, $S_s = S_{s-1} + M_{s-1}\mathrm{diag}(\mathbf v_s)M_{s-1}^\top$
-        M.append(M[-1] @ A[s]); S.append(S[-1] + M[-2] @ torch.diag(v[s]) @ M[-2].T)
-    return M, S
+        # $\mathbf k_s = \mathbf k_{s-1} + M_{s-1}\mathbf b_s$
+        k.append(k[-1] + M[-1] @ b[s])
+        # $S_s = S_{s-1} + M_{s-1}\mathrm{diag}(\mathbf v_s)M_{s-1}^\top$, $M_s = M_{s-1}A_s$
+        S.append(S[-1] + M[-1] @ torch.diag(v[s]) @ M[-1].T); M.append(M[-1] @ A[s])
+    return M, k, S
 
 def _h_draw(prior_prec, prior_lin, M, S, y, generator):
     "A draw of the prior times N(y; M x, S), normalised (eq-post-h-transform)."
@@ -387,19 +471,83 @@ def h_transform_sample(d: GaussianDiffusion, model: LinearGaussianReverse, r, n:
                        generator=None):
     """Exact samples of $p(x_0) r(x_0)/Z$ with $r_t(x_t) = p(y | x_t)$, the h-transform
     (eq-post-h-transform); float64, (n, D)."""
-    A, v = model.steps(d)
+    (A, v), b = model.steps(d), model.offsets(d)
     D, T = A.shape[1], d.T
     H, y, R = _linear_observation(r, D)
-    M, S = _h_likelihoods(A, v, H, R, T)                   # p(y | x_s) = N(y; M_s x_s, S_s)
+    M, k, S = _h_likelihoods(A, v, b, H, R, T)             # p(y | x_s) = N(y; M_s x_s + k_s, S_s)
     def draw(prior_prec, prior_lin, s):                     # prior times p(y | x_s), normalised
         if s == 0 and (R == 0).any(): return _h_clamp(prior_prec, prior_lin, H, y, generator)
-        return _h_draw(prior_prec, prior_lin, M[s], S[s], y, generator)
+        return _h_draw(prior_prec, prior_lin, M[s], S[s], y - k[s], generator)
     # $\pi(x_T)\,h_T(x_T)$
     x = draw(torch.eye(D, dtype=torch.float64), torch.zeros(n, D, dtype=torch.float64), T)
     for t in range(T, 0, -1):
-        # $\mathcal N(A_t x_t, \mathrm{diag}\,v_t)\,h_{t-1}(x_{t-1})$
-        x = draw(torch.diag(1 / v[t]), (x @ A[t].T) / v[t], t - 1)
+        # $\mathcal N(A_t x_t + b_t, \mathrm{diag}\,v_t)\,h_{t-1}(x_{t-1})$
+        x = draw(torch.diag(1 / v[t]), (x @ A[t].T + b[t]) / v[t], t - 1)
     return x
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0dd
+def _eigen_steps(d: GaussianDiffusion, lam):
+    "(a_t, c_t), (T+1, D) each, row 0 unused: the reverse gains and variances per eigenvalue."
+    beta = d.betas.detach().double().cpu()[:, None]
+    alpha_bar = d.alphas_bar().detach().double().cpu()[:, None]
+    one_minus = d.one_minus_alphas_bar().detach().double().cpu()[:, None]
+    # $p_t = \bar\alpha_t\lambda + 1-\bar\alpha_t$, t = 0..T
+    p = alpha_bar * lam + one_minus
+    a, c = torch.ones_like(p), torch.ones_like(p)
+    # $a_t = \sqrt{1-\beta_t}\,p_{t-1}/p_t$, $c_t = \beta_t p_{t-1}/p_t$
+    a[1:] = (1 - beta).sqrt() * p[:-1] / p[1:]
+    c[1:] = beta * p[:-1] / p[1:]
+    return a, c
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0de
+class GaussianDataReverse(nn.Module):
+    """Exact reverse means of data $N(m, \\Sigma)$ (eq-post-linear-mean) and the diagonal of the
+    exact reverse covariances, in $\\Sigma$'s eigenbasis (eq-post-eigen); (n, ...) with D values."""
+    def __init__(self,
+                 d: GaussianDiffusion,   # the diffusion this model reverses
+                 mean,                   # the data mean m: D values, any shape
+                 cov):                   # the data covariance Sigma, (D, D), positive semi-definite
+        super().__init__()
+        cov = torch.as_tensor(cov, dtype=torch.float64).detach().cpu()
+        if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or not torch.isfinite(cov).all():
+            raise ValueError(f"cov must be a finite (D, D) matrix, got shape {tuple(cov.shape)}")
+        lam, U = torch.linalg.eigh((cov + cov.T) / 2)
+        if lam.min() < -1e-8 * lam.abs().max():
+            raise ValueError("cov must be positive semi-definite")
+        a, c = _eigen_steps(d, lam.clamp_min(0))
+        # $\mathbf v_t = (U\circ U)\,\mathbf c_t$
+        buffers = dict(U=U, a=a, v=c @ (U ** 2).T, m=_data_mean(mean, cov.shape[0]),
+                       sqrt_alpha_bar=d.alphas_bar().detach().double().cpu().sqrt())
+        for name, value in buffers.items(): self.register_buffer(name, value)
+        self.to(d.device)
+
+    @property
+    def T(self) -> int: return self.a.shape[0] - 1
+
+# %% ../nbs/09_posterior.ipynb #a9e1c0e0
+@patch
+def forward(self: GaussianDataReverse, xt, t):
+    "(mean, var) of step t (eq-post-linear-mean, eq-post-eigen), shaped like xt."
+    t = check_steps(t, self.T, xt.shape[0])
+    x, U, m = xt.flatten(1), self.U.to(xt.dtype), self.m.to(xt.dtype)
+    if x.shape[1] != U.shape[0]:
+        raise ValueError(f"the model has D = {U.shape[0]} values per example, got {x.shape[1]}")
+    root = self.sqrt_alpha_bar.to(xt.dtype)
+    # $\mathbf x_t - \sqrt{\bar\alpha_t}\,\mathbf m$
+    centred = x - root[t, None] * m
+    # $\sqrt{\bar\alpha_{t-1}}\,\mathbf m + U\mathrm{diag}(\mathbf a_t)U^\top(\ldots)$
+    mean = root[t - 1, None] * m + ((centred @ U) * self.a[t].to(xt.dtype)) @ U.T
+    return mean.view_as(xt), self.v[t].to(xt.dtype).view_as(xt)
+
+@patch
+def linear(self: GaussianDataReverse) -> LinearGaussianReverse:
+    "The same model with $A_t = U\\mathrm{diag}(a_t)U^T$ stored (eq-post-eigen): for small D."
+    U, m, root = self.U.cpu(), self.m.cpu(), self.sqrt_alpha_bar.cpu()
+    # $A_t = U\mathrm{diag}(\mathbf a_t)U^\top$
+    A = U @ (self.a.cpu()[:, :, None] * U.T)
+    # $\mathbf b_t = \sqrt{\bar\alpha_{t-1}}\,\mathbf m - \sqrt{\bar\alpha_t}\,A_t\mathbf m$, t >= 1
+    b = torch.cat([torch.zeros_like(m)[None], root[:-1, None] * m - root[1:, None] * (A[1:] @ m)])
+    return LinearGaussianReverse(A, self.v.cpu(), b)
 
 # %% ../nbs/09_posterior.ipynb #123c3607
 def parse_bits(observed: str):
