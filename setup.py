@@ -3,6 +3,30 @@ from configparser import ConfigParser
 from pathlib import Path
 
 import setuptools
+from setuptools.command.build_py import build_py
+
+ROOT = Path(__file__).parent
+# The toy models trained at full scale (results/models, committed) that the installed package carries
+# as dpm/assets/models/: `dpm` can sample and evaluate them without the repository and without
+# training. They are copied into the build, not kept twice in git; the image models stay in the
+# repository (too large for a wheel).
+PACKAGED_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt']
+
+
+def packaged_models():
+    models = sorted(p for pat in PACKAGED_MODELS for p in (ROOT / 'results' / 'models').glob(pat))
+    if not models: raise SystemExit(f'setup.py: no toy models {PACKAGED_MODELS} in results/models')
+    return models
+
+
+class build_py_with_models(build_py):
+    """build_py, plus the toy models copied from results/models to dpm/assets/models."""
+    def run(self):
+        super().run()
+        if getattr(self, 'editable_mode', False): return   # an editable install reads results/
+        dest = Path(self.build_lib) / 'dpm' / 'assets' / 'models'
+        dest.mkdir(parents=True, exist_ok=True)
+        for model in packaged_models(): self.copy_file(str(model), str(dest / model.name))
 
 cfg = ConfigParser(delimiters=['='])
 cfg.read(Path(__file__).parent / 'settings.ini', encoding='utf-8')
@@ -42,4 +66,5 @@ setuptools.setup(
         'nbdev': [f'{cfg["lib_path"]}={cfg["lib_path"]}._modidx:d'],
     },
     zip_safe=False,
+    cmdclass={'build_py': build_py_with_models},
 )
