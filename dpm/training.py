@@ -257,7 +257,7 @@ def atomic_write(path, write: Callable, mode: str = 'wb'):
         os.replace(tmp, path)
     except BaseException as e:
         with suppress(OSError): os.unlink(tmp)
-        cause = _os_error(e)
+        cause = _os_error(e) if isinstance(e, Exception) else None   # not for Ctrl-C
         if cause is not None and cause.filename is None:  # a full disk: say which file
             raise type(cause)(cause.errno, f"{cause.strerror or cause} (nothing replaced: any "
                                            f"previous {path.name} is intact)", str(path)) from None
@@ -426,10 +426,15 @@ def _optim(v) -> bool:
             and all(_count(i) and type(s) is dict for i, s in v['state'].items()))
 def _generator(v) -> bool:
     return isinstance(v, torch.Tensor) and v.dtype == torch.uint8 and v.ndim == 1
+def _plain(v) -> bool:
+    "A JSON value (lists may be tuples): what a configuration holds, never a tensor."
+    if v is None or type(v) in (bool, int, float, str): return True
+    if type(v) in (list, tuple): return all(map(_plain, v))
+    return type(v) is dict and all(type(k) is str and _plain(x) for k, x in v.items())
 
 # %% ../nbs/05_training.ipynb #e7a1c023
 _COMMON = dict(model=(_tensors, 'named tensors'), config=(
-    lambda v: type(v) is dict and all(type(k) is str for k in v), 'a dict of settings'),
+    lambda v: type(v) is dict and _plain(v), 'a dict of settings (JSON values)'),
                signature=(_shapes, 'parameter names with shapes (lists of integers >= 0)'))
 _SCHEMAS = {'training': {**_COMMON, 'optimizer': (_optim, "an optimiser state ('state', "
                                                   "'param_groups')"),
@@ -449,7 +454,8 @@ _SCHEMAS = {'training': {**_COMMON, 'optimizer': (_optim, "an optimiser state ('
 def check_checkpoint(ck: dict, path):
     "A checkpoint's structure after its checksum: keys, types, ranges, configuration; else error."
     kind = ck.get('kind', 'training')
-    if kind not in _SCHEMAS: raise CheckpointError(f"{path} holds an unknown kind {short(kind)}")
+    if type(kind) is not str or kind not in _SCHEMAS:
+        raise CheckpointError(f"{path} holds an unknown kind {short(kind)}")
     for k, (ok, want) in _SCHEMAS[kind].items():
         if k not in ck: raise CheckpointError(f"{path} lacks {k!r} ({want}), which every {kind} "
                                               f"checkpoint has")
@@ -944,10 +950,15 @@ class _AllocationCap(torch.overrides.TorchFunctionMode):
         if func in self.constructors:
             meta = {k: v for k, v in kwargs.items() if k not in ('generator', 'out', 'pin_memory')}
             try: n = func(*args, **{**meta, 'device': 'meta'}).numel()
-            except Exception: n = 0
-            if n > self.cap:
+            except Exception: n = None                 # sizes torch cannot even describe
+            if n is not None and n > self.cap:
                 raise self.error(f"{self.what} asks for a tensor of {n:,} elements, more than "
                                  f"{self.cap:,} ({self.why}); refusing to build it")
+            if n is None:
+                try: return func(*args, **kwargs)
+                except (RuntimeError, TypeError, ValueError, OverflowError) as e:
+                    raise self.error(f"{self.what} asks for a tensor torch cannot build "
+                                     f"({type(e).__name__}: {str(e)[:100]})") from None
         return func(*args, **kwargs)
 
 # %% ../nbs/05_training.ipynb #239f2251
@@ -1028,7 +1039,7 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
         raise CheckpointError(f"{path}: its stored configuration is not valid: {e}") from None
     cap = max(16 * sum(v.numel() for v in weights.values()), 1 << 24)  # stored sizes bound a build
     try: d, reverse = build(exp, cfg, cfg.get('seed', 0), 'cpu', cap, CheckpointError)
-    except (KeyError, TypeError, ValueError) as e:   # written by an older version of the experiment
+    except (KeyError, TypeError, ValueError, OverflowError, RuntimeError) as e:  # cannot be built
         raise CheckpointError(f"{path} holds a configuration this version cannot build "
                               f"({type(e).__name__}: {e})") from None
     model = Model(d, reverse)
