@@ -1039,6 +1039,7 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
         raise CheckpointError(f"{path}: its stored configuration is not valid: {e}") from None
     cap = max(16 * sum(v.numel() for v in weights.values()), 1 << 24)  # stored sizes bound a build
     try: d, reverse = build(exp, cfg, cfg.get('seed', 0), 'cpu', cap, CheckpointError)
+    except CheckpointError: raise                    # a tensor beyond the cap: said as it is
     except (KeyError, TypeError, ValueError, OverflowError, RuntimeError) as e:  # cannot be built
         raise CheckpointError(f"{path} holds a configuration this version cannot build "
                               f"({type(e).__name__}: {e})") from None
