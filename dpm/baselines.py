@@ -13,10 +13,10 @@ from .diffusion import LN2
 from fastcore.basics import patch
 from .reverse import ReverseModel, VAR_MIN
 
-# %% ../nbs/10a_baselines.ipynb #359c88b6
+# %% ../nbs/10a_baselines.ipynb #e7baa3a9
 @torch.no_grad()
 def fit_gaussian(x: torch.Tensor):
-    "Mean (D,) and covariance (D, D) of images (N, ...), maximum likelihood, float64 (eq-base-gauss)."
+    "Mean (D,) and covariance (D, D) of images (N, ...), ML, float64 (eq-base-gauss)."
     X = x.reshape(len(x), -1).double()
     if len(X) <= X.shape[1]:
         raise ValueError(f"dpm: a full covariance of {X.shape[1]} values needs more than "
@@ -112,7 +112,7 @@ def forward(self: LinearReverse, xt, t):
         var = (beta * p_prev / p_t) @ (U * U).T
     return mean.reshape(xt.shape), var.clamp(min=VAR_MIN).reshape(xt.shape)
 
-# %% ../nbs/10a_baselines.ipynb #b5e8c291
+# %% ../nbs/10a_baselines.ipynb #1a23b86c
 def _directions(fit: GaussianFit):
     "lambda_k and mu_k = u_k^T m, float64."
     return fit.eigvals.double(), fit.eigvecs.double().T @ fit.mean.double()
@@ -124,8 +124,10 @@ def first_step_floor(fit: GaussianFit, beta_1: float) -> torch.Tensor:
     # $p_{1,k} = (1-\beta_1)\lambda_k + \beta_1$, $c_k = \beta_1\lambda_k / p_{1,k}$
     p_1 = (1 - b) * lam + b
     c = b * lam / p_1
-    # $\tfrac12[c_k/\beta_1 - 1 - \log(c_k/\beta_1)] + \tfrac{\beta_1}2[\mu_k^2 + (1-\beta_1)(\lambda_k-1)^2/p_{1,k}]$
-    return 0.5 * (c / b - 1 - torch.log(c / b)) + 0.5 * b * (mu ** 2 + (1 - b) * (lam - 1) ** 2 / p_1)
+    # $\tfrac12[c_k/\beta_1 - 1 - \log(c_k/\beta_1)]$
+    first = 0.5 * (c / b - 1 - torch.log(c / b))
+    # $+\,\tfrac{\beta_1}2[\mu_k^2 + (1-\beta_1)(\lambda_k-1)^2/p_{1,k}]$
+    return first + 0.5 * b * (mu ** 2 + (1 - b) * (lam - 1) ** 2 / p_1)
 
 def prior_gap(fit: GaussianFit, alpha_bar_T: float) -> torch.Tensor:
     "KL(q(x_T) || N(0, 1)) of each direction k for Gaussian data, nats (eq-base-prior-gap)."
@@ -170,15 +172,17 @@ def paired(a: torch.Tensor, b: torch.Tensor) -> tuple:
     diff = (a - b).double()
     return diff.mean().item(), diff.std().item() / math.sqrt(len(diff))
 
-# %% ../nbs/10a_baselines.ipynb #493206fd
+# %% ../nbs/10a_baselines.ipynb #a1a5611f
 def _bits_stats(v: torch.Tensor, D: int) -> tuple:
     "Mean and standard error of per-image nats, as bits per dimension."
     return v.mean().item() / LN2 / D, v.std().item() / math.sqrt(len(v)) / LN2 / D
 
+# %% ../nbs/10a_baselines.ipynb #21e7e4ef
 def linear_of(d, reverse, train) -> LinearReverse:
     "A network's own linear path (eq-net-residual) or, if it has none, the linear model of train."
     own = getattr(reverse, 'linear', None)
-    return own if own is not None else LinearReverse(d, train.shape[1:], fit_eigen(train)).to(d.device)
+    if own is not None: return own
+    return LinearReverse(d, train.shape[1:], fit_eigen(train)).to(d.device)
 
 @torch.no_grad()
 def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
@@ -198,6 +202,7 @@ def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
     fit = linear.fit
     out['floor_bits'] = floor_bits(fit, d.betas[0].item())
     out['prior_gap_bits'] = prior_gap(fit, d.alphas_bar()[-1].item()).mean().item() / LN2
-    out['kl_t_minus_linear_bits'] = ((r['network']['kl_t'] - r['linear']['kl_t']) / LN2 / D).tolist()
+    kl_diff = (r['network']['kl_t'] - r['linear']['kl_t']) / LN2 / D    # per step t = 2..T
+    out['kl_t_minus_linear_bits'] = kl_diff.tolist()
     out['n_heldout'] = len(x)
     return out

@@ -106,9 +106,8 @@ class ImageReverse(ReverseModel):
             conv_layers=conv_layers, conv_channels=conv_channels, dense_layers=dense_layers,
             dense_hidden=dense_hidden, dense_channels=dense_channels, hidden_1x1=hidden_1x1))
         act = nn.Tanh if variant == 'paper' else (lambda: nn.LeakyReLU(LEAK))
-        n_feat = 0
-        if self.use_conv:
-            n_feat += self._build_conv(conv_channels, conv_layers, kernel_size, n_scales)
+        conv = (conv_channels, conv_layers, kernel_size, n_scales)
+        n_feat = self._build_conv(*conv) if self.use_conv else 0
         if self.use_dense:
             n_feat += self._build_dense(dense_hidden, dense_layers, dense_channels, act)
         self.n_conv, self.dense_channels = conv_channels, dense_channels
@@ -263,6 +262,7 @@ def network_config(name: str) -> dict:
     "The network keywords of IMAGE_CONFIGS[name], for an experiment's configuration."
     return {k: v for k, v in IMAGE_CONFIGS[name].items() if k not in ('image_shape', 'pathway')}
 
+# %% ../nbs/10_image_network.ipynb #c9ce724c
 def linear_path(cfg: dict, d, image_shape, train):
     "cfg['linear_path']: the LinearReverse of train() (eq-net-residual), else None (no data made)."
     if not cfg['linear_path']: return None

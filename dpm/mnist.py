@@ -122,7 +122,7 @@ def scaler_of(d) -> Scaler:
 # %% ../nbs/13_mnist.ipynb #2b6e0c08
 def _build(cfg):
     "Diffusion with its scaler as buffers, the dense pathway (eq-net-dense), its linear path."
-    d = image_diffusion(cfg)
+    d, seed = image_diffusion(cfg), cfg.get('seed', 0)
     sc = mnist_scaler(cfg['data_root'])
     d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
     d.register_buffer('data_scale', torch.tensor(sc.scale, dtype=torch.float64))  # with the model
@@ -130,7 +130,7 @@ def _build(cfg):
                            dense_layers=cfg['dense_layers'], dense_channels=cfg['dense_channels'],
                            hidden_1x1=cfg['hidden_1x1'], layers_1x1=cfg['layers_1x1'],
                            n_bumps=cfg['n_bumps'], variant=cfg['variant'],
-                           linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, cfg.get('seed', 0))[0]))
+                           linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, seed)[0]))
     return d, reverse
 
 # %% ../nbs/13_mnist.ipynb #285bb7e6
@@ -163,7 +163,8 @@ def _bound_numbers(d, reverse, cfg, x, seed):
     K_nats, K_px = r['K_bits'] * LN2 * D, r['K_bits']                # per image; bits per pixel
     return dict(r, L_null_bits=L_NULL_BITS, K_minus_L_null_bits=K_px - L_NULL_BITS, n_eval=len(x),
                 # $\log p_Y(y) = \log p_Z(z) + D\log s$ (eq-mnist-units)
-                K_unit_nats=K_nats + D * sc.log_det_per_dim, K_unit_nats_se=r['K_bits_se'] * LN2 * D,
+                K_unit_nats=K_nats + D * sc.log_det_per_dim,
+                K_unit_nats_se=r['K_bits_se'] * LN2 * D,
                 nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(K_nats / D, sc),   # eq-data-bpd
                 data_shift=sc.shift, data_scale=sc.scale, T=d.T, beta_1=d.betas[0].item(),
                 alpha_bar_T=d.alphas_bar()[-1].item(), bound_seconds=bound_seconds)

@@ -789,6 +789,7 @@ def _show(bar, state: _RunState, per_second: float, last_eval):
                         + (f", held-out {last_eval:.3f}" if last_eval is not None else ''),
                         refresh=False)
 
+# %% ../nbs/05_training.ipynb #4ea2fc0c
 def _finish(state: _RunState, cfg: TrainConfig, train_data, n_proc: int, examples: int,
             seconds: float) -> dict:
     "Leave the kept (averaged) weights in eval mode; the record: progress, history, device, speed."
@@ -797,14 +798,15 @@ def _finish(state: _RunState, cfg: TrainConfig, train_data, n_proc: int, example
     with torch.no_grad(): alpha_bar_T = state.model['diffusion'].alphas_bar()[-1].item()
     learned = any(p.requires_grad for p in state.model['diffusion'].parameters())
     if learned and alpha_bar_T > max(ALPHA_BAR_T_MAX, 2 * state.alpha_bar_T_start):
-        warnings.warn(f"dpm: the schedule ends at alpha_bar_T = {alpha_bar_T:.3f} > "
-                      f"{ALPHA_BAR_T_MAX}: x_T is not close to the prior (the learned schedule collapsed?)")
-    return dict(steps=state.step, alpha_bar_T=alpha_bar_T, steps_target=cfg.steps, completed=state.step >= cfg.steps,
+        warnings.warn(f"dpm: the learned schedule ends at alpha_bar_T = {alpha_bar_T:.3f} > "
+                      f"{ALPHA_BAR_T_MAX}: x_T is far from the prior (a collapsed schedule?)")
+    return dict(steps=state.step, steps_target=cfg.steps, completed=state.step >= cfg.steps,
                 stopped_early=state.step < cfg.steps, train_seconds=state.train_seconds,
                 history=state.history, running_bits=state.running, device=str(state.device),
                 precision=cfg.amp or str(train_data.dtype).replace('torch.', ''),
                 world_size=n_proc, batch_size=cfg.batch_size, channels_last=cfg.channels_last,
-                compiled=cfg.compile, examples_per_second=examples / max(seconds, 1e-9))
+                compiled=cfg.compile, examples_per_second=examples / max(seconds, 1e-9),
+                alpha_bar_T=alpha_bar_T)
 
 
 # %% ../nbs/05_training.ipynb #35db0c46

@@ -41,7 +41,7 @@ def test_models_reject_bad_input():
 
 
 def test_checkpoint_errors(tmp_path):
-    with pytest.raises(CheckpointError, match='no checkpoint'): load_checkpoint(tmp_path / 'none.pt')
+    with pytest.raises(CheckpointError, match='does not exist'): load_checkpoint(tmp_path / 'none.pt')
     atomic_save({'format': 'something else'}, tmp_path / 'x.pt')
     with pytest.raises(CheckpointError, match='not a dpm checkpoint'): load_checkpoint(tmp_path / 'x.pt')
     assert [p.name for p in tmp_path.iterdir()] == ['x.pt']          # no temporary files left behind
