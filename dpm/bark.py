@@ -62,8 +62,8 @@ _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=200, inpaint_size=
                T=500, beta_1=1e-3, learn_schedule=False, schedule_bumps=10,
                variant='reference', n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
                hidden_1x1=32, layers_1x1=2, n_bumps=10,
-               steps=10_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=2500, eval_size=100, checkpoint_every=500, eval_batch=100)
+               steps=36_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=9000, eval_size=100, checkpoint_every=500, eval_batch=100)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, inpaint_size=32, hole=12, border=3,
               T=10, n_scales=2, conv_channels=8, conv_layers=2, hidden_1x1=8, layers_1x1=1,
               steps=30, batch_size=16, ema=0.9, eval_every=0, eval_size=20, eval_batch=40)

@@ -86,8 +86,8 @@ _CONFIG = dict(size=16, n_train=20_000, n_heldout=1000, n_eval=250, n_denoise=16
                variant='reference', linear_path=True,          # eq-net-ref-kernel, eq-net-residual
                n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3, dense_hidden=300,
                dense_layers=2, dense_channels=3, hidden_1x1=48, layers_1x1=2, n_bumps=10,
-               steps=12_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=3000, eval_size=100, checkpoint_every=500, eval_batch=125)
+               steps=24_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=6000, eval_size=100, checkpoint_every=500, eval_batch=125)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_posterior=2, T=10,
               n_scales=2, conv_channels=4, conv_layers=1, dense_hidden=16, dense_channels=1,
               hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9, eval_every=0,

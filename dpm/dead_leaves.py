@@ -266,8 +266,8 @@ _CONFIG = dict(size=16, n_train=20_000, n_heldout=500, n_eval=500, data_device='
                variant='reference', linear_path=True,         # eq-net-ref-kernel, eq-net-residual
                n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3,
                hidden_1x1=32, layers_1x1=2, n_bumps=10,
-               steps=5000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=2000, eval_size=100, checkpoint_every=500, eval_batch=100)
+               steps=36_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=6000, eval_size=100, checkpoint_every=500, eval_batch=100)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, T=10, n_scales=2, conv_channels=8,
               conv_layers=2, hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9,
               eval_every=0, eval_size=20, eval_batch=40)

