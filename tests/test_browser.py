@@ -57,22 +57,10 @@ CLASSES = {
 # makes the test an expected failure (XFAIL, with the list) instead of a failure; a defect on any other
 # page fails. An entry whose page is clean again is reported as a warning: delete it then.
 KNOWN = {
-    'label': {'nbs/05_training.html': 'eq-first-step typed as text (twice) instead of {eq}`eq-first-step`'},
     'leftover': {
-        'nbs/01_diffusion.html': '"the issue-3 run" (development history paragraph)',
-        'nbs/07_swiss_roll.html': '"(see NOTES)"',
-        'nbs/08_heartbeat.html': '"(see NOTES: ...)"',
-        'nbs/09_posterior.html': '"the issue\'s cases"',
-        'nbs/10_image_network.html': '"the issue\'s anchor of 8.2 M"',
-        'nbs/12_image_data.html': '"NOTES" three times',
         'nbs/14_cifar10.html': '"NOTES" in the text and in a code comment',
     },
-    'overflow': {   # display equations (one inline formula in 03) wider than the column at 1280 px
-        'nbs/02_bound.html': 'eq-first-term-gauss, eq-linear-kl',
-        'nbs/03_entropy.html': 'an inline formula under Derivation; eq-ent-upper-condition, '
-                               'eq-ent-lower, eq-ent-gauss',
-        'nbs/08_heartbeat.html': 'eq-hb-first-step, eq-hb-ceiling',
-        'nbs/10_image_network.html': 'eq-net-msconv',
+    'overflow': {   # display equations wider than the column at 1280 px
         'nbs/11_dead_leaves.html': 'eq-dl-window, eq-dl-scale, eq-dl-gauss',
         'nbs/14_cifar10.html': 'eq-cf-gauss',
         'nbs/15_bark.html': 'eq-bark-gauss, eq-bark-mse2',
