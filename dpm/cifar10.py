@@ -28,7 +28,7 @@ def bits_per_pixel(bits_per_dim: float) -> float:
     return CHANNELS * bits_per_dim
 
 # %% ../nbs/14_cifar10.ipynb #21d19247
-ASSUMED_PIXEL_STD = 0.25               # CIFAR-10 pixel std in [0, 1] units: an assumption (NOTES)
+ASSUMED_PIXEL_STD = 0.25               # CIFAR-10 pixel std in [0, 1] units: assumed
 MODERN_BITS_PER_DIM = {'DDPM': 3.70, 'improved DDPM': 2.94, 'VDM': 2.65}   # NLL, 8-bit data
 
 def paper_to_8bit(k_bits_per_pixel: float = PAPER_K_BITS_PER_PIXEL,
@@ -219,11 +219,12 @@ def _evaluate(d, reverse, cfg, heldout):
 
 # %% ../nbs/14_cifar10.ipynb #8b4e8c84
 @torch.no_grad()
-def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None):
-    "Figure 3: held-out, noisy (variance 1), posterior sample (eq-post-gauss-product), samples."
+def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None, den=None):
+    "Figure 3: held-out, noisy, posterior sample (eq-post-gauss-product), samples; `den` if given."
     import matplotlib.pyplot as plt
     torch.manual_seed(seed)
-    den = denoising(d, reverse, heldout[:n], 1.0, 1, gaussian, seed)
+    if den is None: den = denoising(d, reverse, heldout[:n], 1.0, 1, gaussian, seed)
+    n = len(den['clean'])
     samples = d.sample(reverse, (n, *heldout.shape[1:]), device=d.device)
     scaler = model_scaler(d)
     rows = [('held-out', den['clean']), ('noisy (SNR 1)', den['noisy']),

@@ -81,8 +81,18 @@ def test_small_experiment_end_to_end(monkeypatch):
     assert abs(res['bits_per_dim_8bit'] - expect) < 1e-9
     assert abs(res['K_minus_L_null_bits'] - (res['K_bits'] - bits_per_pixel(L_NULL_BITS_PER_DIM))) < 1e-9
     assert res['mse_wiener'] < res['mse_noisy'] and res['stand_in'] in (True, False)
+    # the chapter's table: the baselines (bits per dimension) times 3 are the per-pixel numbers
+    b = res['baselines']
+    assert abs(bits_per_pixel(b['K_bits']) - res['K_bits']) < 1e-9
+    assert abs(bits_per_pixel(b['gaussian_bits']) - res['gaussian_bits']) < 1e-6
+    assert abs(b['K_minus_gaussian_bits'] - (b['K_bits'] - b['gaussian_bits'])) < 1e-9
+    assert b['floor_bits'] > 0 and b['n_heldout'] == res['n_heldout']
     den = denoising(d, reverse, heldout[:2], 1.0, 3)
     assert den['samples'].shape == (3, 2, 3, S, S) and 'mse_wiener' not in den
+    import matplotlib; matplotlib.use('Agg')
+    from dpm.cifar10 import plot_figure3
+    fig = plot_figure3(d, reverse, heldout, n=5, den=denoising(d, reverse, heldout[:3], 1.0, 1))
+    assert fig.axes[0].get_subplotspec().get_gridspec().ncols == 3       # the columns of `den`
 
 
 def test_cli_knows_the_experiments(monkeypatch, capsys):
@@ -91,3 +101,38 @@ def test_cli_knows_the_experiments(monkeypatch, capsys):
     dpm.cli.main(['list'])
     out = capsys.readouterr().out
     assert 'cifar10 ' in out and 'cifar10_gpu' in out
+
+
+def test_configurations_are_the_chapters_design():
+    "Reference kernel, fixed schedule; linear path at book scale only (a 3072-dim eigenbasis)."
+    for exp in (CIFAR10, CIFAR10_GPU):
+        assert exp.config['variant'] == 'reference' and exp.config['learn_schedule'] is False
+    assert CIFAR10.config['linear_path'] is True and CIFAR10_GPU.config['linear_path'] is False
+    assert CIFAR10.config['beta_1'] == 5e-5
+
+
+def test_beta_1_within_the_floor_budget_on_the_training_crops(monkeypatch):
+    "eq-base-floor on the book-scale training crops: 5e-5 within 0.05 bits per dimension, 1e-3 not."
+    from dpm.baselines import fit_eigen, floor_bits
+    monkeypatch.delenv('DPM_SMALL', raising=False)
+    cfg = {**CIFAR10.resolve(), 'seed': 0}
+    fit = fit_eigen(_data(cfg, 0)[0])
+    assert floor_bits(fit, cfg['beta_1']) <= 0.05 < floor_bits(fit, 1e-3)
+
+
+def test_gpu_record_has_what_the_chapter_reads():
+    "The committed paper-scale record: baselines in bits per dimension, 3 per RGB pixel."
+    import json
+    from dpm.training import repo_root
+    p = repo_root() / 'results' / 'cifar10_gpu' / 'record.json'
+    if not p.exists(): pytest.skip('no paper-scale record committed')
+    rec = json.loads(p.read_text())
+    num, b = rec['numbers'], rec['numbers']['baselines']
+    for k in ('K_bits', 'K_bits_se', 'gaussian_bits', 'gaussian_bits_se', 'linear_bits',
+              'linear_bits_se', 'K_minus_gaussian_bits', 'K_minus_gaussian_se',
+              'K_minus_linear_bits', 'K_minus_linear_se', 'floor_bits'):
+        assert math.isfinite(b[k]), k
+    assert abs(bits_per_pixel(b['K_bits']) - num['K_bits']) < 1e-9
+    for k in ('mse_sample', 'mse_wiener', 'mse_posterior_mean', 'n_denoise', 'beta_1'):
+        assert math.isfinite(num[k]), k
+    assert {'steps', 'train_seconds', 'stopped_early'} <= set(rec['training'])

@@ -161,3 +161,39 @@ def test_perfect_model_on_real_mnist_matches_the_paper():
     paper, paper_se = MNIST.paper['perfect_bits'], MNIST.paper['perfect_bits_se']
     assert r['n_samples'] == 10_000 and r['sigma'] == pytest.approx(SIGMAS[2])
     assert abs(r['bits'] - paper) < 3 * math.hypot(r['bits_se'], paper_se), (r['bits'], r['bits_se'])
+
+
+def test_configurations_are_the_chapters_design():
+    "Reference kernel, fixed schedule, beta_1 from the floor, linear path: what the chapter states."
+    for exp in (MNIST, MNIST_GPU):
+        c = exp.config
+        assert c['variant'] == 'reference' and c['learn_schedule'] is False
+        assert c['linear_path'] is True and c['beta_1'] == 5e-6
+
+
+def test_beta_1_within_the_floor_budget_on_the_training_digits(monkeypatch):
+    "eq-base-floor on MNIST's 50,000 training digits: 5e-6 within 0.05 bits per pixel, 1e-3 not."
+    from dpm.baselines import fit_eigen, floor_bits
+    monkeypatch.delenv('DPM_SMALL', raising=False)
+    monkeypatch.delenv('DPM_DATA', raising=False)
+    cfg = MNIST.resolve()
+    fit = fit_eigen(_data(cfg, 0)[0])
+    assert floor_bits(fit, cfg['beta_1']) <= 0.05 < floor_bits(fit, 1e-3)
+
+
+def test_gpu_record_has_what_the_chapter_reads():
+    "The committed paper-scale record: the keys the GPU paragraph reads, on real MNIST."
+    from dpm.mnist import read_record
+    rec = read_record('mnist_gpu')
+    if rec is None: pytest.skip('no paper-scale record committed')
+    num = rec['numbers']
+    for k in ('K_bits', 'K_bits_se', 'gaussian_bits', 'gaussian_bits_se', 'linear_bits',
+              'linear_bits_se', 'K_minus_gaussian_bits', 'K_minus_gaussian_se',
+              'K_minus_linear_bits', 'K_minus_linear_se', 'floor_bits', 'beta_1', 'n_eval',
+              'parzen_bits', 'parzen_bits_se', 'perfect_bits', 'perfect_bits_se',
+              'parzen_n_samples', 'perfect_n_samples'):
+        assert math.isfinite(num[k]), k
+    assert num['data']['test'] == {**num['data']['test'], 'name': 'mnist', 'stand_in': False}
+    assert {'steps', 'train_seconds', 'stopped_early'} <= set(rec['training'])
+    assert math.isclose(num['K_minus_gaussian_bits'], num['K_bits'] - num['gaussian_bits'],
+                        abs_tol=1e-9)
