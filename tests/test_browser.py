@@ -56,16 +56,7 @@ CLASSES = {
 # Known defects that need notebook changes, {class: {page: what}}: on these pages a defect of the class
 # makes the test an expected failure (XFAIL, with the list) instead of a failure; a defect on any other
 # page fails. An entry whose page is clean again is reported as a warning: delete it then.
-KNOWN = {
-    'leftover': {
-        'nbs/14_cifar10.html': '"NOTES" in the text and in a code comment',
-    },
-    'overflow': {   # display equations wider than the column at 1280 px
-        'nbs/11_dead_leaves.html': 'eq-dl-window, eq-dl-scale, eq-dl-gauss',
-        'nbs/14_cifar10.html': 'eq-cf-gauss',
-        'nbs/15_bark.html': 'eq-bark-gauss, eq-bark-mse2',
-    },
-}
+KNOWN = {}      # notebook defects still expected, by class and page (none: every check is strict)
 
 
 def skip_or_fail(why):
