@@ -346,11 +346,11 @@ def plot_figure5(x, known, fills, scaler: Scaler, image: int = 0):
     "Figure 5: truth, hole filled with noise, the diffusion fill (eq-post-delta), two baselines."
     import matplotlib.pyplot as plt
     show = lambda im: scaler.inverse(im[0]).clamp(0, 1).numpy()
-    cols = [('held-out image', x[image]), ('hole filled with noise', fills['noise'][0, image]),
+    cols = [('held-out image', x[image]), ('hole filled\nwith noise', fills['noise'][0, image]),
             ('diffusion model', fills['diffusion'][0, image]),
-            ('Gaussian conditional mean', fills['gaussian_mean'][0, image]),
+            ('Gaussian\nconditional mean', fills['gaussian_mean'][0, image]),
             ('harmonic fill', fills['harmonic'][0, image])]
-    fig, axes = plt.subplots(1, len(cols), figsize=(2.6 * len(cols), 3.0))
+    fig, axes = plt.subplots(1, len(cols), figsize=(1.4 * len(cols), 1.9))
     R = known.shape[0]
     rows = (~known).any(1).nonzero()[:, 0]
     a, b = rows[0].item() - 0.5, rows[-1].item() + 0.5

@@ -227,17 +227,18 @@ def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None, 
     n = len(den['clean'])
     samples = d.sample(reverse, (n, *heldout.shape[1:]), device=d.device)
     scaler = model_scaler(d)
-    rows = [('held-out', den['clean']), ('noisy (SNR 1)', den['noisy']),
-            ('denoised (posterior sample)', den['samples'][0])]
-    if gaussian is not None: rows.append(('Wiener filter', den['wiener']))
-    rows.append(('model samples', samples))
-    fig, axes = plt.subplots(len(rows), n, figsize=(1.9 * n + 1.6, 1.9 * len(rows)), squeeze=False)
+    rows = [('held-out', den['clean']), ('noisy\n(SNR 1)', den['noisy']),
+            ('denoised\n(posterior\nsample)', den['samples'][0])]
+    if gaussian is not None: rows.append(('Wiener\nfilter', den['wiener']))
+    rows.append(('model\nsamples', samples))
+    fig, axes = plt.subplots(len(rows), n, figsize=(1.05 * n + 0.7, 1.05 * len(rows)),
+                             squeeze=False)
     for i, (name, imgs) in enumerate(rows):
         rgb = scaler.inverse(imgs.float().cpu()).clamp(0, 1).permute(0, 2, 3, 1).numpy()
         for j in range(n):
             axes[i, j].imshow(rgb[j], interpolation='nearest')
             axes[i, j].set_xticks([]); axes[i, j].set_yticks([])
-        axes[i, 0].set_ylabel(name, fontsize=8)
+        axes[i, 0].set_ylabel(name, fontsize=9)
     fig.tight_layout()
     return fig
 

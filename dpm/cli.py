@@ -152,22 +152,28 @@ def _add_evaluate(sub):
     e.set_defaults(func=cmd_evaluate)
 
 # %% ../nbs/06_cli.ipynb #d285645d
+from .training import packaged_model
+
 def _device(device, pick=pick_device):
     try: return pick(device)
     except ConfigError as e: raise ConfigError(f"bad --device: {e}") from None
 
 def _load(exp, out, device):
-    "The model in `out` for `evaluate` and `sample`, once `out` is known to be writable."
-    path = Path(out) / 'model.pt'
+    "The model in `out` (else the one dpm ships) for `evaluate` and `sample`; `out` made writable."
+    path = shipped = Path(out) / 'model.pt'
     try: os.lstat(path)
     except FileNotFoundError:
-        raise CheckpointError(f"no trained model at {path}; "
-                              f"run `dpm train {exp.name} --out {out}` first") from None
+        if not (shipped := packaged_model(exp.name)).is_file():
+            raise CheckpointError(f"no trained model at {path}; "
+                                  f"run `dpm train {exp.name} --out {out}` first") from None
     except OSError as e: raise CheckpointError(f"cannot use {path} ({e.strerror})") from None
     out_dir = check_out_dir(out)                        # fail before the work, not after
     if gone := remove_leftovers(out_dir):
         print(f"removed {len(gone)} temporary file(s) of interrupted writes from {out_dir}")
-    return load_model(exp, path, device=_device(device))
+    if shipped != path:
+        print(f"dpm: {path} not found; using the model shipped with dpm ({shipped})",
+              file=sys.stderr)
+    return load_model(exp, shipped, device=_device(device))
 
 # %% ../nbs/06_cli.ipynb #a3aa74cd
 def cmd_evaluate(args):

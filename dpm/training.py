@@ -9,7 +9,7 @@ __all__ = ['TRAIN_KEYS', 'TRAIN_DEFAULTS', 'COMMON_KEYS', 'ALPHA_BAR_T_MAX', 'MA
            'check_devices', 'evaluate_bound', 'world', 'init_distributed', 'Objective', 'train', 'Experiment',
            'data_records', 'describe_data', 'repo_root', 'machine', 'peak_memory_mb', 'OutDirError', 'check_out_dir',
            'out_lock', 'weights_follow', 'build', 'experiment_data', 'write_json', 'run', 'save_model', 'load_model',
-           'model_from', 'train_or_load']
+           'model_from', 'packaged_model', 'train_or_load']
 
 # %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, re, math, time, json, errno, stat, platform, resource, tempfile, hashlib, fcntl
@@ -1084,17 +1084,23 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
     return d, reverse, ck['info'], cfg
 
 # %% ../nbs/05_training.ipynb #3097bf03
+def packaged_model(tag: str) -> Path:
+    "The model `<tag>.pt` a pip-installed dpm carries in dpm/assets/models (setup.py copies it)."
+    import dpm
+    return Path(dpm.__file__).resolve().parent / 'assets' / 'models' / f'{tag}.pt'
+
 def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device=None,
                   progress: bool = True, retrain: bool = False):
-    "Reuse results/models/<tag>.pt at full scale if its config matches; else train (runs/<tag>/)."
+    "Reuse results/models/<tag>.pt (else the packaged one) if its config matches; else train."
     cfg = exp.resolve(overrides); cfg['seed'] = seed
     root = repo_root()
     tag = exp.name + ''.join(f'-{k}{v}' for k, v in sorted((overrides or {}).items())) \
           + ('-small' if small_scale() else '') + (f'-seed{seed}' if seed else '')
     stored = root / 'results' / 'models' / f'{tag}.pt'
-    if not retrain and stored.exists():
-        try: return load_model(exp, stored, cfg, device)
-        except CheckpointError as e: print(f"not reusing {stored}: {e}", file=sys.stderr)
+    found = stored if stored.exists() else packaged_model(tag)   # an installed package: no results/
+    if not retrain and found.exists():
+        try: return load_model(exp, found, cfg, device)
+        except CheckpointError as e: print(f"not reusing {found}: {e}", file=sys.stderr)
     try: d, reverse, info = run(exp, root / 'runs' / tag, overrides, seed, device, progress)
     except CheckpointError as e:              # a stale scratch checkpoint of another configuration
         print(f"starting {tag} afresh: {e}", file=sys.stderr)

@@ -258,3 +258,128 @@ def test_equation_references_are_not_doubly_parenthesised():
     found = [(nb.name, m.group(0)) for nb in chapters() for c in _cells(nb)
              if c['cell_type'] == 'markdown' for m in pat.finditer(''.join(c['source']))]
     assert not found, f'equation references in parentheses: {found}'
+
+
+# --- figures a reader can read: every text at least 8 pt as the page shows it ------------------
+# tools/book.sh makes every kernel of the build load tools/figure_fonts.py, which records the smallest
+# text of every figure drawn (in _build/figure_fonts); the executed notebooks (_build/jupyter_execute)
+# say which chapter and figure each PNG is.
+spec = importlib.util.spec_from_file_location('figure_fonts', ROOT / 'tools' / 'figure_fonts.py')
+figure_fonts = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(figure_fonts)
+FONT_RECORDS = ROOT / '_build' / 'figure_fonts'
+EXECUTED = ROOT / '_build' / 'jupyter_execute'
+# Chapters with a figure whose smallest text is still below MIN_PT on the page (the small build of
+# the book, column 688 px; figure, smallest text as rendered, its size in the figure code). Strict:
+# a chapter that is fixed fails here until it is taken off the list.
+SMALL_TEXT_KNOWN = {
+    '01_diffusion': 'Fig. 1 6.5 pt and Fig. 2 5.8 pt (8-pt labels in 9-10 in figures); the '
+                    'animation 5.1 pt (7 pt)',
+    '03_entropy': 'Fig. 1 5.8 pt (8-pt annotation in a 10 in figure)',
+    '07_swiss_roll': 'Fig. 1 7.3 pt (8-pt legend in an 8 in figure)',
+    '09_posterior': 'Figs. 1, 3, 5 3.6-4.5 pt (7-pt texts in 14 in figures); Fig. 2 5.8 pt (8 pt, 10 in)',
+    '10a_baselines': 'Fig. 1 7.99 pt (11-pt ticks in a 10 in figure)',
+    '10_image_network': 'Fig. 1 6.0 pt (8-pt labels in a 12 in figure)',
+    '11_dead_leaves': 'Fig. 3 7.4 pt (11-pt titles in a 10.8 in figure)',
+}
+# Not measured: text inside a committed PNG that a figure shows with imshow (14_cifar10 and 15_bark,
+# Fig. 3: the paper-scale figures `dpm evaluate` drew on the GPU machine, before plot_figure3 and
+# plot_figure5 were sized for the column); only the figure's own title is.
+
+
+def small_texts(executed_nb, records):
+    """(figure, smallest rendered pt, description) of each figure of an executed notebook below
+    MIN_PT, and the figures no record measures (PNGs not drawn by the build, e.g. a committed file)."""
+    small, unmeasured = {}, []
+    for row in figure_fonts.figures(executed_nb, records):
+        rec = row['record']
+        if rec is None: unmeasured.append(row['where']); continue
+        pt = rec.get('min_rendered_pt', float('inf'))
+        if pt < figure_fonts.MIN_PT and pt < small.get(row['where'], (None, float('inf')))[1]:
+            small[row['where']] = (row['where'], pt, f"{rec['min_text']!r} at {rec['min_fontsize']:g} pt "
+                                   f"in a {rec['width_px']} px wide PNG ({rec['fig_inches'][0]:g} in)")
+    return sorted(small.values()), unmeasured
+
+
+@pytest.mark.parametrize('nb', [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=SMALL_TEXT_KNOWN[p.stem]))
+                                if p.stem in SMALL_TEXT_KNOWN else p for p in chapters()], ids=lambda p: p.stem)
+def test_figure_text_is_readable(nb):
+    """Every text of every figure is at least MIN_PT (8 pt) on the page: its size times the scale at
+    which the page shows the PNG (a PNG wider than the content column is scaled down to it)."""
+    if not FONT_RECORDS.exists():
+        if not os.environ.get('DPM_BOOK_REQUIRED'):
+            pytest.skip('no figure records in _build/figure_fonts: build the book with tools/book.sh')
+        pytest.fail('_build/figure_fonts is missing: the book kernels did not load tools/figure_fonts.py')
+    executed = EXECUTED / nb.parent.name / f'{nb.stem}.ipynb'
+    assert executed.exists(), f'{executed.relative_to(ROOT)} is missing: was {nb.name} executed?'
+    records = figure_fonts.load_records(FONT_RECORDS)
+    assert records, 'no figure was recorded: did the kernels load tools/figure_fonts.py?'
+    small, unmeasured = small_texts(executed, records)
+    assert not small, (f'{nb.stem}: text below {figure_fonts.MIN_PT:g} pt on the page (content column '
+                       f'{figure_fonts.COLUMN_PX} px): enlarge it or narrow the figure:\n'
+                       + '\n'.join(f'  {w}: {pt:.1f} pt, {what}' for w, pt, what in small))
+
+
+def test_figure_fonts_reads_pages_and_outputs(tmp_path):
+    """The measure on made-up outputs: a glued figure (in the glue store), an inline one, animation
+    frames, a PNG with no record; sizes scale down to the column, never up."""
+    png = lambda w: figure_fonts.PNG + b'\0\0\0\rIHDR' + w.to_bytes(4, 'big') + (100).to_bytes(4, 'big') + bytes([w % 251])
+    b64 = lambda data: __import__('base64').b64encode(data).decode()
+    sha = lambda data: __import__('hashlib').sha1(data).hexdigest()
+    a, b, c, d = png(1376), png(600), png(300), png(500)
+    frame = b64(c)
+    cells = [{'cell_type': 'markdown', 'source': ['```{glue:figure} other\n```\n', '```{glue:figure} fig_a\n:name: x\n```']},
+             {'cell_type': 'code', 'source': [], 'outputs': []},
+             {'cell_type': 'code', 'source': [], 'outputs': [
+                 {'output_type': 'display_data', 'metadata': {}, 'data': {'image/png': b64(b)}},
+                 {'output_type': 'execute_result', 'metadata': {}, 'data': {'text/html': [
+                     f'frames[0] = "data:image/png;base64,{frame[:8]}\\\n{frame[8:]}"\n']}},
+                 {'output_type': 'display_data', 'metadata': {}, 'data': {'image/png': b64(d)}}]}]
+    nb = tmp_path / 'x.ipynb'; nb.write_text(json.dumps({'cells': cells}))
+    (tmp_path / 'x.glue.json').write_text(json.dumps({'fig_a': {                   # myst-nb's glue store
+        'output_type': 'display_data', 'metadata': {'scrapbook': {'name': 'fig_a'}},
+        'data': {'text/plain': '<Figure>', 'image/png': b64(a)}}, 'n': {'data': {'text/plain': '3'}}}))
+    px = 10 * 100 / 72                                        # 10 pt at 100 dpi
+    rec = lambda data, pt_px: dict(sha1=sha(data), width_px=figure_fonts.png_size(data)[0], fig_inches=[1, 1],
+                                   min_text='t', min_fontsize=10, min_px=pt_px,
+                                   min_rendered_pt=figure_fonts.rendered_pt(pt_px, figure_fonts.png_size(data)[0]))
+    records = {sha(a): rec(a, px), sha(b): rec(b, px), sha(c): rec(c, px * 0.7)}
+    rows = figure_fonts.figures(nb, records)
+    assert [r['where'] for r in rows] == ["Fig. 2 ('fig_a')", 'cell 2', 'cell 2 (animation frame)', 'cell 2']
+    assert [r['width_px'] for r in rows] == [1376, 600, 300, 500] and rows[3]['record'] is None
+    assert figure_fonts.rendered_pt(px, 600) == pytest.approx(10 * 100 / 96)           # not scaled up
+    assert figure_fonts.rendered_pt(px, 2 * figure_fonts.COLUMN_PX) == pytest.approx(10 * 100 / 96 / 2)
+    small, unmeasured = small_texts(nb, records)
+    assert [(w, round(pt, 2)) for w, pt, _ in small] == [("Fig. 2 ('fig_a')", 5.21), ('cell 2 (animation frame)', 7.29)]
+    assert unmeasured == ['cell 2']
+
+
+def test_figure_fonts_hook_measures_what_is_drawn(tmp_path):
+    """The kernel hook in a fresh process: a figure displayed as IPython displays it is recorded with
+    its smallest drawn text (not a hidden or a blank one); a figure saved to a file is not."""
+    import subprocess, sys
+    code = f"""
+import importlib.util, io, matplotlib
+matplotlib.use('Agg')
+spec = importlib.util.spec_from_file_location('ff', {str(ROOT / 'tools' / 'figure_fonts.py')!r})
+ff = importlib.util.module_from_spec(spec); spec.loader.exec_module(ff); ff.install({str(tmp_path)!r})
+import matplotlib.pyplot as plt
+from IPython.core.pylabtools import print_figure
+assert matplotlib.rcParams['font.size'] == ff.BASELINE['font.size']
+fig, ax = plt.subplots(figsize=(12, 3)); ax.plot([0, 1]); ax.text(0.5, 0.5, 'tiny', fontsize=6)
+print_figure(fig, 'png')
+fig.savefig({str(tmp_path / 'file.png')!r})
+fig, ax = plt.subplots(figsize=(4, 3)); ax.plot([0, 1]); ax.set_title('title', fontsize=5)
+ax.text(0, 0, 'hidden', fontsize=3).set_visible(False); ax.text(0, 0, ' ', fontsize=2)
+print_figure(fig, 'png')
+"""
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, 'MPLBACKEND': 'Agg'})
+    assert r.returncode == 0, r.stderr
+    recs = sorted(figure_fonts.load_records(tmp_path).values(), key=lambda r: -r['width_px'])
+    assert len(recs) == 2, recs
+    wide, small = recs
+    assert wide['min_text'] == 'tiny' and wide['min_fontsize'] == 6 and wide['width_px'] > figure_fonts.COLUMN_PX
+    assert wide['min_rendered_pt'] == pytest.approx(6 * 100 / 96 * figure_fonts.COLUMN_PX / wide['width_px'], abs=0.01)
+    assert small['min_fontsize'] == 5 and small['min_text'] == 'title'    # not the hidden or blank ones
+    assert small['min_rendered_pt'] == pytest.approx(5 * 100 / 96, abs=0.01)   # narrower than the column

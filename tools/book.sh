@@ -7,6 +7,12 @@ export DPM_SMALL=${DPM_SMALL:-0}
 # MPLBACKEND=Agg makes every plt.show() a no-op and the book would have no figures. Scripts and the
 # CLI choose Agg themselves.
 unset MPLBACKEND
+# Every kernel of the build starts with tools/figure_fonts.py (a startup file of an IPython profile
+# under _build): the figures' matplotlib baseline, and a record of the smallest text of each figure
+# drawn, which tests/test_book.py checks as the page renders it.
+export IPYTHONDIR=$PWD/_build/ipython
+rm -rf _build/figure_fonts "$IPYTHONDIR"
+python tools/figure_fonts.py "$IPYTHONDIR/profile_default/startup" _build/figure_fonts
 t0=$SECONDS
 # --all: Sphinx re-reads (so re-executes) only changed sources by default; a book built at the
 # other scale (e.g. by tools/test.sh, DPM_SMALL=1) would be kept and labelled as this one.
