@@ -114,6 +114,10 @@ def _add_train(sub):
     t.add_argument('--config', metavar='FILE', help='JSON file of configuration overrides')
     t.add_argument('--set', action='append', metavar='KEY=VALUE',
                    help='override one configuration key (repeatable)')
+    t.add_argument('--init', metavar='FILE',
+                   help="warm restart: start from the weights, step and record of the model file "
+                   "FILE (same experiment and configuration), with a fresh optimiser; ignored "
+                   "when DIR has a checkpoint")
     t.add_argument('--no-progress', action='store_true', help='no progress bar')
     t.set_defaults(func=cmd_train)
 
@@ -126,7 +130,7 @@ def cmd_train(args):
     rank, n_proc = world()
     say = print if rank == 0 else None
     try: d, reverse, info = run(exp, args.out, overrides, args.seed, device,
-                                progress=not args.no_progress, say=say)
+                                progress=not args.no_progress, say=say, init=args.init)
     finally:
         if n_proc > 1: torch.distributed.destroy_process_group()
     if rank: return

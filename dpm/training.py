@@ -681,16 +681,19 @@ class _RunState:
 
 
 # %% ../nbs/05_training.ipynb #e145f991
-_COUNTERS = ('step', 'history', 'train_seconds', 'running')   # stored as checkpoint keys
+_COUNTERS = ('step', 'history', 'train_seconds', 'running', 'restarts')   # checkpoint keys
 
-def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint) -> _RunState:
-    "Optimiser, weight average, generators: restored from `checkpoint` if it exists, else seeded."
+def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint,
+           init=None) -> _RunState:
+    "State restored from `checkpoint` if it exists, else warm-started from `init`, else seeded."
     opt = _optimizer(cfg, _param_groups(model, cfg))
     ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
            if cfg.ema else None)
     state = _RunState(model, opt, ema, torch.Generator(device='cpu'), full_config, device)
+    state.restarts = []                  # the warm restarts behind this run (eq-train-warm)
     with torch.no_grad(): state.alpha_bar_T_start = model['diffusion'].alphas_bar()[-1].item()
     if checkpoint is None or not Path(checkpoint).exists():
+        if init is not None: return _warm_start(state, init)
         torch.manual_seed(cfg.seed); state.gen.manual_seed(cfg.seed + 1)
         return state
     ck = load_checkpoint(checkpoint)
@@ -700,9 +703,9 @@ def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint
     torch.set_rng_state(ck['rng']); state.gen.set_state(ck['gen'])
     if device.type == 'cuda' and ck.get('cuda_rng') is not None:
         torch.cuda.set_rng_state(ck['cuda_rng'])
-    for k in _COUNTERS: setattr(state, k, ck[k])
+    for k in _COUNTERS[:-1]: setattr(state, k, ck[k])
+    state.restarts = _restart_list(ck.get('restarts'), checkpoint)   # older files: none
     return state
-
 
 # %% ../nbs/05_training.ipynb #bfc27702
 def _minibatch(d: Diffusion, train_data, cfg: TrainConfig, gen, share: tuple, fmt, device):
@@ -811,16 +814,15 @@ def _finish(state: _RunState, cfg: TrainConfig, train_data, n_proc: int, example
 
 # %% ../nbs/05_training.ipynb #35db0c46
 def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: TrainConfig = None,
-          checkpoint=None, device=None, progress: bool = True, full_config: dict = None) -> dict:
-    "Maximise K (eq-train-objective) with stratified one-step estimates; resumes from `checkpoint`."
+          checkpoint=None, device=None, progress=True, full_config=None, init=None) -> dict:
+    "Maximise K (eq-train-objective); resume from `checkpoint`, else warm-start from model `init`."
     cfg = config or TrainConfig()
-    rank, n_proc = world()
-    device = pick_device(device)
+    (rank, n_proc), device = world(), pick_device(device)
     B, share = cfg.batch_size, _share(cfg.batch_size, rank, n_proc)
     model = Model(d, reverse).to(device)
     train_data, heldout, fmt = _training_data(d, model, train_data, heldout, cfg, device)
     full_config = {**(full_config or {}), **asdict(cfg)}
-    state = _start(model, cfg, full_config, device, checkpoint)
+    state = _start(model, cfg, full_config, device, checkpoint, init)
     objective = _objective(model, reverse, cfg, device, n_proc)
     bar = _progress_bar(cfg, state.step) if progress and rank == 0 else None
     last_eval, stop, t_done, step_0 = None, False, state.train_seconds, state.step
@@ -838,8 +840,37 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
             _save(state, checkpoint); last_save = time.perf_counter()
     if bar is not None: bar.close()
     seconds = time.perf_counter() - t_start
-    return _finish(state, cfg, train_data, n_proc, (state.step - step_0) * B, seconds)
+    info = _finish(state, cfg, train_data, n_proc, (state.step - step_0) * B, seconds)
+    return {**info, 'restarts': state.restarts}
 
+# %% ../nbs/05_training.ipynb #f3a70004
+def _restart_list(v, path) -> list:
+    "Stored warm restarts: a list of records, each with its step; else `CheckpointError`."
+    if v is None: return []
+    if type(v) is list and all(type(r) is dict and _plain(r) and _count(r.get('step')) for r in v):
+        return list(v)
+    raise CheckpointError(f"{path}: restarts must be a list of records with a step, got {short(v)}")
+
+def _warm_start(state: _RunState, init) -> _RunState:
+    "Weights, step, time and history of the model file `init`; a fresh optimiser (eq-train-warm)."
+    ck = load_checkpoint(init)
+    if ck.get('kind') != 'model':
+        raise CheckpointError(f"{init} is a training checkpoint, not a model file (model.pt)")
+    check_compatible(ck, state.model, state.config, init)
+    info = ck['info']; k, running = info.get('steps', 0), info.get('running_bits')
+    seconds, history = info.get('train_seconds', 0.0), info.get('history', [])
+    if (not (_finite(seconds) and seconds >= 0) or not (running is None or _finite(running))
+            or any(h['step'] > k for h in history)):
+        raise CheckpointError(f"{init}: its training record is inconsistent (steps, time, history)")
+    state.model.load_state_dict(ck['model'])
+    if state.ema is not None: state.ema.module.load_state_dict(ck['model'])   # average from here
+    state.step, state.train_seconds, state.running = k, float(seconds), running
+    state.history = list(history)
+    state.restarts = [*_restart_list(info.get('restarts'), init), dict(
+        step=k, train_seconds=float(seconds), init=str(init), checksum=ck['checksum'])]
+    seed = (state.config['seed'] + 1_000_003 * k) % 2 ** 63     # new streams, not the first run's
+    torch.manual_seed(seed); state.gen.manual_seed(seed + 1)
+    return state
 
 # %% ../nbs/05_training.ipynb #b8711c42
 @dataclass
@@ -1021,10 +1052,28 @@ def write_json(obj, path):
     text = json.dumps(obj, indent=2, default=str) + '\n'
     atomic_write(path, lambda f: f.write(text), 'w')
 
+# %% ../nbs/05_training.ipynb #f3a70006
+def _warm_init(exp: Experiment, checkpoint: Path, init, say: Callable):
+    "The model file a run of `exp` warm-starts from (eq-train-warm): `init`, checked, or None."
+    if init is None: return None
+    if checkpoint.exists():
+        say(f"resuming from {checkpoint}; --init {init} ignored (the checkpoint continues exactly)")
+        return None
+    ck = load_checkpoint(init)
+    if ck.get('kind') != 'model':
+        raise CheckpointError(f"--init {init} is a training checkpoint, not a model file: to "
+                              f"resume from it, copy it to {checkpoint}")
+    if ck.get('experiment') != exp.name:
+        raise CheckpointError(f"--init {init} holds a model of experiment "
+                              f"{ck.get('experiment')!r}, not of {exp.name!r}")
+    say(f"warm restart from {init}: its weights at step {ck['info'].get('steps', 0):,}, "
+        f"a fresh optimiser")
+    return init
+
 # %% ../nbs/05_training.ipynb #361e6ad1
 def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=None,
-        progress: bool = True, say: Callable = None):
-    "Train `exp` into `out_dir` (resumable: checkpoint.pt), write model.pt; (d, reverse, info)."
+        progress: bool = True, say: Callable = None, init=None):
+    "Train `exp` into `out_dir` (resumes checkpoint.pt, else warm-starts from `init`): model.pt."
     cfg = exp.resolve(overrides); cfg['seed'] = seed
     check_config(cfg, TRAIN_KEYS)
     rank, n_proc = world()
@@ -1032,13 +1081,14 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
     with out_lock(out_dir) if rank == 0 else nullcontext(Path(out_dir)) as out:
         if rank == 0 and (gone := remove_leftovers(out, older=True)):
             say(f"removed {len(gone)} temporary file(s) of interrupted writes from {out}")
+        init = _warm_init(exp, out / 'checkpoint.pt', init, say)
         d, reverse = build(exp, cfg, seed, device)
         train_x, held_x = experiment_data(exp, cfg, seed)
         data = data_records(exp, cfg, seed)
         for r in data: say(f"data: {describe_data(r)}")
         tc = TrainConfig.from_dict(cfg)
         info = train(d, reverse, train_x, held_x, tc, checkpoint=out / 'checkpoint.pt',
-                     device=device, progress=progress, full_config=cfg)
+                     device=device, progress=progress, full_config=cfg, init=init)
         info.update(peak_memory_mb=peak_memory_mb(device), data=data,
                     steps_per_second=info['steps'] / max(info['train_seconds'], 1e-9))
         if rank == 0:
