@@ -183,7 +183,7 @@ def _toy_data():
 
 
 TRAIN_CK_KEYS = ['format', 'model', 'optimizer', 'ema', 'rng', 'gen', 'cuda_rng', 'step', 'history',
-                 'train_seconds', 'running', 'config', 'signature']
+                 'train_seconds', 'running', 'restarts', 'config', 'signature']
 
 
 @settings(max_examples=40, **BOUNDED)
