@@ -247,7 +247,7 @@ def plot_figure4(d, reverse, heldout, n: int = 1, seed: int = 0):
     shape = tuple(heldout.shape[1:])
     x = d.sample(reverse, (n, *shape), device=dev).cpu()
     show = lambda im: (im[0] * d.data_scale.item() + d.data_shift.item()).clamp(0, 1).numpy()
-    fig, axes = plt.subplots(2, n, figsize=(2.6 * n + 0.4, 5.6), squeeze=False)
+    fig, axes = plt.subplots(2, n, figsize=(1.65 * n + 0.5, 3.9), squeeze=False)
     for j in range(n):
         for row, im in ((0, heldout[j].cpu()), (1, x[j])):
             axes[row, j].imshow(show(im), cmap='gray', vmin=0, vmax=1, interpolation='nearest')

@@ -272,16 +272,7 @@ EXECUTED = ROOT / '_build' / 'jupyter_execute'
 # Chapters with a figure whose smallest text is still below MIN_PT on the page (the small build of
 # the book, column 688 px; figure, smallest text as rendered, its size in the figure code). Strict:
 # a chapter that is fixed fails here until it is taken off the list.
-SMALL_TEXT_KNOWN = {
-    '01_diffusion': 'Fig. 1 6.5 pt and Fig. 2 5.8 pt (8-pt labels in 9-10 in figures); the '
-                    'animation 5.1 pt (7 pt)',
-    '03_entropy': 'Fig. 1 5.8 pt (8-pt annotation in a 10 in figure)',
-    '07_swiss_roll': 'Fig. 1 7.3 pt (8-pt legend in an 8 in figure)',
-    '09_posterior': 'Figs. 1, 3, 5 3.6-4.5 pt (7-pt texts in 14 in figures); Fig. 2 5.8 pt (8 pt, 10 in)',
-    '10a_baselines': 'Fig. 1 7.99 pt (11-pt ticks in a 10 in figure)',
-    '10_image_network': 'Fig. 1 6.0 pt (8-pt labels in a 12 in figure)',
-    '11_dead_leaves': 'Fig. 3 7.4 pt (11-pt titles in a 10.8 in figure)',
-}
+SMALL_TEXT_KNOWN = {}
 # Not measured: text inside a committed PNG that a figure shows with imshow (14_cifar10 and 15_bark,
 # Fig. 3: the paper-scale figures `dpm evaluate` drew on the GPU machine, before plot_figure3 and
 # plot_figure5 were sized for the column); only the figure's own title is.
