@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit', 'fit_eigen', 'LinearReverse',
-           'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'paired_bounds', 'paired', 'linear_of',
-           'image_baselines']
+           'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'diagonal_gap', 'diagonal_gap_bits',
+           'paired_bounds', 'paired', 'linear_of', 'image_baselines']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
 import math
@@ -152,6 +152,24 @@ def choose_beta_1(fit: GaussianFit, max_bits: float = 0.05, lo: float = 1e-9, hi
         lo, hi = (mid, hi) if floor_bits(fit, mid) <= max_bits else (lo, mid)
     return lo
 
+# %% ../nbs/10a_baselines.ipynb #d6b3bcb6
+def diagonal_gap(fit: GaussianFit, d) -> torch.Tensor:
+    "g_t of eq-base-diag-gap for t = 2..T, nats, float64: the price of a diagonal variance."
+    lam, U = fit.eigvals.double().cpu(), fit.eigvecs.double().cpu()
+    beta = d.betas.detach().double().cpu()
+    one_minus = d.one_minus_alphas_bar().detach().double().cpu()
+    # $p_{s,k}$ for s = 0..T (eq-base-marginal)
+    p = lam[None] + one_minus[:, None] * (1 - lam[None])
+    # $c_{t,k} = \beta_t p_{t-1,k}/p_{t,k}$, t = 2..T
+    c = beta[1:, None] * p[1:-1] / p[2:]
+    # $(\mathbf C_t)_{ii} = \sum_k U_{ik}^2 c_{t,k}$
+    v = c @ (U * U).T
+    return 0.5 * (v.log().sum(1) - c.log().sum(1))
+
+def diagonal_gap_bits(fit: GaussianFit, d) -> float:
+    "The sum of eq-base-diag-gap over t, bits per dimension."
+    return diagonal_gap(fit, d).sum().item() / LN2 / len(fit.eigvals)
+
 # %% ../nbs/10a_baselines.ipynb #11783b2e
 @torch.no_grad()
 def paired_bounds(d, models: dict, x, seed: int = 0, batch_size: int = 500) -> dict:
@@ -201,6 +219,7 @@ def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
         out[f'{name}_bits'], out[f'{name}_se'] = diff / LN2 / D, se / LN2 / D
     fit = linear.fit
     out['floor_bits'] = floor_bits(fit, d.betas[0].item())
+    out['diagonal_gap_bits'] = diagonal_gap_bits(fit, d)                     # eq-base-diag-gap
     out['prior_gap_bits'] = prior_gap(fit, d.alphas_bar()[-1].item()).mean().item() / LN2
     kl_diff = (r['network']['kl_t'] - r['linear']['kl_t']) / LN2 / D    # per step t = 2..T
     out['kl_t_minus_linear_bits'] = kl_diff.tolist()
