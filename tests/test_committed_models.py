@@ -1,0 +1,17 @@
+"""Every committed model: loads, and its schedule ends near the prior (alpha_bar_T <= 0.05)."""
+from pathlib import Path
+import pytest, torch
+from dpm.cli import get_experiment
+from dpm.training import ALPHA_BAR_T_MAX, load_model
+
+ROOT = Path(__file__).resolve().parents[1]
+MODELS = sorted((ROOT / 'results' / 'models').glob('*.pt'))
+
+def test_there_are_committed_models():
+    assert len(MODELS) >= 10, MODELS
+
+@pytest.mark.parametrize('path', MODELS, ids=lambda p: p.stem)
+def test_committed_model_ends_at_the_prior(path):
+    d, reverse, info, cfg = load_model(get_experiment(path.stem.split('-')[0]), path)
+    with torch.no_grad(): alpha_bar_T = d.alphas_bar()[-1].item()
+    assert alpha_bar_T <= ALPHA_BAR_T_MAX, f"{path.name}: alpha_bar_T = {alpha_bar_T:.3f}"
