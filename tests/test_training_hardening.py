@@ -198,8 +198,11 @@ def test_read_only_out_dir_for_evaluate_fails_before_the_work(trained, read_only
 def test_ctrl_c_says_where_to_resume(tmp_path):
     args = ['train', 'swiss_roll', '--out', str(tmp_path), '--set', 'steps=100000', '--set', 'T=10',
             '--set', 'checkpoint_every=20', '--set', 'eval_every=0', '--no-progress']
+    # a shell that starts a job in the background makes it ignore SIGINT, and Python keeps an
+    # ignored SIGINT: give the child the default disposition, as an interactive terminal would
     p = subprocess.Popen([sys.executable, '-m', 'dpm', *args], cwd=ROOT, env=ENV, stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True)
+                         stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     while not (tmp_path / 'checkpoint.pt').exists() and p.poll() is None: time.sleep(0.05)
     time.sleep(0.3)
     p.send_signal(signal.SIGINT)
