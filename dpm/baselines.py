@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit', 'fit_eigen', 'LinearReverse',
-           'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'diagonal_gap', 'diagonal_gap_bits',
-           'paired_bounds', 'paired', 'linear_of', 'image_baselines']
+           'marginal_variances', 'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'diagonal_gap',
+           'diagonal_gap_bits', 'paired_bounds', 'paired', 'linear_of', 'image_baselines']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
 import math
@@ -82,6 +82,12 @@ class LinearReverse(ReverseModel):
                            self.lin_eigvecs.double())
 
 # %% ../nbs/10a_baselines.ipynb #3b609099
+def marginal_variances(lam, one_minus_alpha_bar):
+    "p_{s,k} of eq-base-marginal: the variances of x^(s) along u_k (broadcasting)."
+    # $p_{s,k} = \lambda_k + (1-\bar\alpha_s)(1-\lambda_k)$
+    return lam + one_minus_alpha_bar * (1 - lam)
+
+# %% ../nbs/10a_baselines.ipynb #bd98b58f
 @patch
 def _steps(self: LinearReverse, t, like):
     "beta_t, sqrt(abar_{t-1}), sqrt(abar_t), p_{t-1,k}, p_{t,k} per example (eq-base-marginal)."
@@ -89,8 +95,7 @@ def _steps(self: LinearReverse, t, like):
     alpha_bar, one_minus = d.alphas_bar(), d.one_minus_alphas_bar()
     col = lambda v, i: v[i].to(like.dtype)[:, None]                    # (B, 1)
     lam = self.lin_eigvals.to(like.dtype)
-    # $p_{s,k} = \lambda_k + (1-\bar\alpha_s)(1-\lambda_k)$
-    p = lambda s: lam + col(one_minus, s) * (1 - lam)
+    p = lambda s: marginal_variances(lam, col(one_minus, s))
     return (col(d.betas, t - 1), col(alpha_bar, t - 1).sqrt(), col(alpha_bar, t).sqrt(),
             p(t - 1), p(t))
 
@@ -133,7 +138,7 @@ def prior_gap(fit: GaussianFit, alpha_bar_T: float) -> torch.Tensor:
     "KL(q(x_T) || N(0, 1)) of each direction k for Gaussian data, nats (eq-base-prior-gap)."
     lam, mu = _directions(fit)
     a = float(alpha_bar_T)
-    p_T = a * lam + 1 - a
+    p_T = marginal_variances(lam, 1 - a)
     # $\tfrac12[p_{T,k} + \bar\alpha_T\mu_k^2 - 1 - \log p_{T,k}]$
     return 0.5 * (p_T + a * mu ** 2 - 1 - torch.log(p_T))
 
@@ -158,8 +163,7 @@ def diagonal_gap(fit: GaussianFit, d) -> torch.Tensor:
     lam, U = fit.eigvals.double().cpu(), fit.eigvecs.double().cpu()
     beta = d.betas.detach().double().cpu()
     one_minus = d.one_minus_alphas_bar().detach().double().cpu()
-    # $p_{s,k}$ for s = 0..T (eq-base-marginal)
-    p = lam[None] + one_minus[:, None] * (1 - lam[None])
+    p = marginal_variances(lam[None], one_minus[:, None])          # s = 0..T
     # $c_{t,k} = \beta_t p_{t-1,k}/p_{t,k}$, t = 2..T
     c = beta[1:, None] * p[1:-1] / p[2:]
     # $(\mathbf C_t)_{ii} = \sum_k U_{ik}^2 c_{t,k}$

@@ -1029,10 +1029,11 @@ def weights_follow() -> bool:
     return _WEIGHTS_FOLLOW.get()
 
 def build(exp: Experiment, cfg: dict, seed: int = 0, device=None, cap: int = MAX_ELEMENTS,
-          error=ConfigError, why: str = 'the largest tensor a setting may ask for'):
+          error=ConfigError, why: str = 'the largest tensor a setting may ask for',
+          weights_follow: bool = False):   # True: load_model's build, the file's weights follow
     "Build (diffusion, reverse) for a configuration from `seed`, on `device`; `cap`: max elements."
     _seed_all(seed)
-    token = _WEIGHTS_FOLLOW.set(error is CheckpointError)     # load_model's build
+    token = _WEIGHTS_FOLLOW.set(weights_follow)
     try:
         with _AllocationCap(cap, f"the configuration of {exp.name}", error, why):
             d, reverse = exp.build(cfg)
@@ -1122,7 +1123,8 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
     except ConfigError as e:
         raise CheckpointError(f"{path}: its stored configuration is not valid: {e}") from None
     cap = max(16 * sum(v.numel() for v in weights.values()), 1 << 24)  # stored sizes bound a build
-    try: d, reverse = build(exp, cfg, cfg.get('seed', 0), 'cpu', cap, CheckpointError)
+    try: d, reverse = build(exp, cfg, cfg.get('seed', 0), 'cpu', cap, CheckpointError,
+                            weights_follow=True)
     except CheckpointError: raise                    # a tensor beyond the cap: said as it is
     except (KeyError, TypeError, ValueError, OverflowError, RuntimeError) as e:  # cannot be built
         raise CheckpointError(f"{path} holds a configuration this version cannot build "
