@@ -1,14 +1,16 @@
 #!/usr/bin/env python
 """Training throughput (images/s) of the dpm image model against a plain PyTorch implementation.
 
-One training step is what `dpm.training.train` does per step: a batch of images, stratified time
-steps, the one-step bound estimate `d.bound_estimate` (eq-k-estimator), backward, an Adam step; its
-input checks are deferred (`dpm.diffusion.deferred_checks`) and read from the device once, after
-backward, where training reads the loss. The plain step reads nothing. Unlike `train`, which
-autocasts only the network, both steps here run whole under autocast, so they are alike. The
-plain implementation below is written without any dpm code (its own multi-scale convolution, 1x1
-layers, temporal bumps, kernel and one-step Gaussian KL loss) and has the same architecture: its
-parameters are copied from the dpm model and the two must give the same kernel (checked first).
+The dpm step is `dpm.training`'s own: the minibatch (`_minibatch`: examples, stratified steps, noise),
+then `_step` (the one-step bound estimate `d.bound_estimate` (eq-k-estimator) under the objective
+that `train` builds, backward, the fused Adam step that skips a failed step on the device, the
+previous step's loss and checks read while this one runs); no weight average (the plain step has
+none). The plain step reads nothing. The plain implementation below is written without any dpm code
+(its own multi-scale convolution, 1x1 layers, temporal bumps, kernel and one-step Gaussian KL loss)
+and has the same architecture: its parameters are copied from the dpm model and the two must give
+the same kernel (checked first). dpm autocasts only the network (as `train` does); the plain step
+runs whole under autocast. On CUDA each entry also counts the host synchronisations per step that
+`torch.cuda.set_sync_debug_mode` reports for each implementation.
 
 Two architectures (App. D.2; `dpm.image_network.IMAGE_CONFIGS`): the CIFAR-10 size (3x32x32, four
 multi-scale layers of 100 channels, 4 scales, dense pathway of 1,000 units) and the 64x64 grey
@@ -162,33 +164,58 @@ def copy_and_check(arch, device):
 
 def setup(arch, impl, batch, mode, device, seed):
     "A training step of one implementation, ready to run: returns (step, n_params)."
-    from dpm.training import stratified_steps
-    from dpm.diffusion import deferred_checks
     torch.manual_seed(seed)
     d, rev, plain, n_params, _ = copy_and_check(arch, device)
-    net = rev if impl == 'dpm' else plain
     bf16, fmt = 'bf16' in mode, torch.channels_last if 'cl' in mode else torch.contiguous_format
-    net = net.to(memory_format=fmt)
     pool = torch.randn(4 * batch, *rev.event_shape, device=device).contiguous(memory_format=fmt)
+    if impl == 'dpm': return dpm_step(d, rev, pool, batch, mode, device, seed), n_params
+    net = plain.to(memory_format=fmt)
     call = torch.compile(net) if 'compile' in mode else net
-    opt = torch.optim.Adam(net.parameters(), lr=1e-4, foreach=True)
-    loss_fn = PlainLoss(d.betas.detach(), device) if impl == 'plain' else None
+    opt = torch.optim.Adam(net.parameters(), lr=1e-4, fused=True)
+    loss_fn = PlainLoss(d.betas.detach(), device)
 
     def step():
         x0 = pool[torch.randint(len(pool), (batch,), device=device)]
-        # dpm as dpm.training.train steps: its input checks deferred, read once after backward
-        with deferred_checks() if impl == 'dpm' else contextlib.nullcontext():
-            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
-                if impl == 'dpm':
-                    ts = stratified_steps(batch, T, device)
-                    with d.cached_schedule():
-                        loss = -d.bound_estimate(call, x0, t=ts).mean()
-                else:
-                    loss = loss_fn(call, x0, plain_steps(batch, device))
-            opt.zero_grad(set_to_none=True); loss.backward()
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=bf16):
+            loss = loss_fn(call, x0, plain_steps(batch, device))
+        opt.zero_grad(set_to_none=True); loss.backward()
         opt.step()
         return loss
     return step, n_params
+
+
+def dpm_step(d, rev, pool, batch, mode, device, seed):
+    "dpm.training's step, as `train` runs it (without a weight average)."
+    from dpm import training as tr
+    cfg = tr.TrainConfig(steps=10 ** 9, batch_size=batch, lr=1e-4, eval_every=0, seed=seed,
+                         amp='bf16' if 'bf16' in mode else None, channels_last='cl' in mode,
+                         compile='compile' in mode)
+    model = tr.Model(d, rev).to(device)
+    data, _, fmt = tr._training_data(d, model, pool, None, cfg, device)
+    state = tr._start(model, cfg, {}, device, None)
+    objective = tr._objective(model, rev, cfg, device, 1)
+    t_start = time.perf_counter()
+
+    def step():
+        tr._step(state, objective, tr._minibatch(d, data, cfg, state.gen, (0, batch), fmt, device),
+                 cfg, t_start)
+        return state.pending[1][0]           # the loss, on its way to the host (read after a sync)
+    return step
+
+
+def syncs_per_step(step, device, n=5):
+    "Host synchronisations per step, as torch.cuda.set_sync_debug_mode('warn') reports them."
+    if device.type != 'cuda': return None
+    import warnings
+    torch.cuda.synchronize()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        torch.cuda.set_sync_debug_mode('warn')
+        try:
+            for _ in range(n): step()
+        finally: torch.cuda.set_sync_debug_mode('default')
+    torch.cuda.synchronize()
+    return sum('synchroniz' in str(w.message) for w in caught) / n
 
 
 def measure(arch, batch, mode, device, steps, warmup, rounds, seed):
@@ -206,8 +233,10 @@ def measure(arch, batch, mode, device, steps, warmup, rounds, seed):
         first = time.perf_counter() - t0                        # includes compilation
         for _ in range(warmup): step()
         sync()
+        syncs = syncs_per_step(step, device)
         peak = (torch.cuda.max_memory_allocated() - base) / 2 ** 20 if device.type == 'cuda' else None
-        res[impl] = dict(step=step, first_step_seconds=first, peak_memory_mb=peak, rounds=[])
+        res[impl] = dict(step=step, first_step_seconds=first, peak_memory_mb=peak, rounds=[],
+                         host_syncs_per_step=syncs)
     for _ in range(rounds):                                     # alternate: load drifts hit both
         for impl in ('plain', 'dpm'):
             step = res[impl]['step']
@@ -313,7 +342,9 @@ def main():
         print(f"  {arch:12s} batch {batch:4d} {mode:16s} plain {r['plain']['images_per_s']:9.1f}"
               f"  dpm {r['dpm']['images_per_s']:9.1f} images/s  ratio {ratio:.3f}"
               f"  (first step {r['dpm']['first_step_seconds']:.1f} s, peak "
-              f"{r['dpm']['peak_memory_mb']:.0f} MiB)", flush=True)
+              f"{r['dpm']['peak_memory_mb']:.0f} MiB, host syncs per step: dpm "
+              f"{r['dpm']['host_syncs_per_step']}, plain {r['plain']['host_syncs_per_step']})",
+              flush=True)
         save(path, entries, info)
     print(f'total {time.perf_counter() - t_start:.0f} s; written to {path}')
 

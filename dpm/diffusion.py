@@ -39,30 +39,40 @@ class DeferredChecks:
     "Value checks recorded as device flags; `verify` reads them all at once (one host sync)."
     def __init__(self): self.pending = []
 
+    def failed(self):
+        "One bool on the device: did any recorded check fail? Nothing is read (None: no checks)."
+        if not self.pending: return None
+        device = self.pending[0][0].device
+        return torch.stack([flag.to(device) for flag, _ in self.pending]).any()
+
+    def raise_first(self, flags: list):
+        "Raise the ValueError of the first true flag in `flags` (read from the device)."
+        for bad, (_, message) in zip(flags, self.pending):
+            if bad: raise ValueError(message())
+
     def verify(self):
         "Raise the first failed check's ValueError, in the order the checks ran; then forget them."
-        pending, self.pending = self.pending, []
-        if not pending: return
-        device = pending[0][0].device
-        failed = torch.stack([flag.to(device) for flag, _ in pending]).tolist()
-        for bad, (_, message) in zip(failed, pending):
-            if bad: raise ValueError(message())
+        if self.pending:
+            device = self.pending[0][0].device
+            self.raise_first(torch.stack([f.to(device) for f, _ in self.pending]).tolist())
+        self.pending = []
 
 _deferred: list = []                                  # the open `deferred_checks()` blocks
 
 @contextmanager
-def deferred_checks():
+def deferred_checks(verify: bool = True):
     "Inside, `fail_if` records instead of reading the device; verified when the block ends."
     checks = DeferredChecks()
     _deferred.append(checks)
     try: yield checks
     finally: _deferred.remove(checks)
-    checks.verify()                                   # not reached if the block raised
+    if verify: checks.verify()                        # not reached if the block raised
 
 def fail_if(failed: torch.Tensor, message):
     "Raise ValueError(message()) if the 0-d bool tensor `failed` is true (later, when deferred)."
     if _deferred: _deferred[-1].pending.append((failed, message))
     elif bool(failed): raise ValueError(message())
+
 
 # %% ../nbs/01_diffusion.ipynb #2960d877
 def check_data(x, name='x0') -> torch.Tensor:
@@ -172,13 +182,25 @@ def betas(self: Diffusion) -> torch.Tensor:
     return (self.schedule() if hasattr(self, 'schedule') else self.fixed_betas).double()
 
 @patch
+def _fixed_key(self: Diffusion):
+    "What a fixed schedule's values depend on (None when it is learned: no reuse across steps)."
+    tensors = list(itertools.chain(self.parameters(), self.buffers()))
+    if any(p.requires_grad for p in tensors) and torch.is_grad_enabled(): return None
+    return tuple((p.data_ptr(), p._version, p.dtype, p.device) for p in tensors)
+
+@patch
 @contextmanager
 def cached_schedule(self: Diffusion):
     "Within the block, compute $\\beta$ and $\\bar\\alpha$ once and reuse them (one step)."
-    cache = (self.betas, self.alphas_bar(), self.one_minus_alphas_bar())
+    key, kept = self._fixed_key(), self.__dict__.get('_fixed')
+    if key is not None and kept is not None and kept[0] == key: cache = kept[1]
+    else:
+        cache = (self.betas, self.alphas_bar(), self.one_minus_alphas_bar())
+        if key is not None: self.__dict__['_fixed'] = (key, cache)
     self.__dict__['_cache'] = cache
     try: yield self
     finally: self.__dict__.pop('_cache', None)
+
 
 # %% ../nbs/01_diffusion.ipynb #b964f2ff
 @patch

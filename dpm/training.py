@@ -6,14 +6,14 @@ __all__ = ['TRAIN_KEYS', 'TRAIN_DEFAULTS', 'COMMON_KEYS', 'ALPHA_BAR_T_MAX', 'MA
            'ConfigError', 'DataError', 'Key', 'key_from_default', 'short', 'check_config', 'pick_device',
            'open_regular', 'atomic_write', 'remove_leftovers', 'CheckpointError', 'atomic_save', 'checksum',
            'load_checkpoint', 'upgrade_checkpoint', 'check_checkpoint', 'signature', 'check_compatible', 'Model',
-           'check_devices', 'evaluate_bound', 'world', 'init_distributed', 'Objective', 'train', 'Experiment',
-           'data_records', 'describe_data', 'repo_root', 'machine', 'peak_memory_mb', 'OutDirError', 'check_out_dir',
-           'out_lock', 'weights_follow', 'build', 'experiment_data', 'write_json', 'run', 'save_model', 'load_model',
-           'model_from', 'packaged_model', 'train_or_load']
+           'check_devices', 'evaluate_bound', 'world', 'init_distributed', 'Objective', 'WeightAverage', 'train',
+           'Experiment', 'data_records', 'describe_data', 'repo_root', 'machine', 'peak_memory_mb', 'OutDirError',
+           'check_out_dir', 'out_lock', 'weights_follow', 'build', 'experiment_data', 'write_json', 'run', 'save_model',
+           'load_model', 'model_from', 'packaged_model', 'train_or_load']
 
 # %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, re, math, time, json, errno, stat, platform, resource, tempfile, hashlib, fcntl
-import warnings, contextvars
+import warnings, contextvars, itertools
 import zipfile
 from contextlib import contextmanager, nullcontext, suppress
 from dataclasses import dataclass, field, asdict, fields
@@ -22,7 +22,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 from fastcore.basics import patch
-from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+from torch.optim.swa_utils import AveragedModel
 from .diffusion import Diffusion, GaussianDiffusion, LN2, deferred_checks
 from .config import small_scale
 
@@ -166,7 +166,7 @@ COMMON_KEYS = dict(T=Key(int, 3))
 # %% ../nbs/05_training.ipynb #deeb1c7f
 def _optimizer(cfg: TrainConfig, params):
     "Adam, or RMSprop with the paper's settings."
-    if cfg.optimizer == 'adam': return torch.optim.Adam(params, lr=cfg.lr, foreach=True)
+    if cfg.optimizer == 'adam': return torch.optim.Adam(params, lr=cfg.lr, fused=True)
     return torch.optim.RMSprop(params, lr=cfg.lr, alpha=0.95, eps=1e-6, foreach=True)
 
 def _lr(cfg: TrainConfig, step: int) -> float:
@@ -613,12 +613,12 @@ def _share(B: int, rank: int, n_proc: int) -> tuple:
     return rank * B // n_proc, (rank + 1) * B // n_proc
 
 def _agree(loss, stop: bool) -> tuple:
-    "(loss averaged over the ranks, whether any rank must stop), in one collective (eq-train-ddp)."
+    "(loss averaged over the ranks, on the device; whether any rank must stop), in one collective."
     rank, n_proc = world()
-    if n_proc == 1: return loss.item(), stop
+    if n_proc == 1: return loss.detach(), stop
     v = torch.stack([loss.detach().double(), loss.new_tensor(float(stop)).double()])
-    torch.distributed.all_reduce(v)
-    return v[0].item() / n_proc, v[1].item() > 0
+    torch.distributed.all_reduce(v)                            # eq-train-ddp
+    return v[0] / n_proc, v[1].item() > 0
 
 # %% ../nbs/05_training.ipynb #646b876a
 class Objective(nn.Module):
@@ -663,6 +663,28 @@ def _training_data(d: Diffusion, model: Model, train_data, heldout, cfg: TrainCo
         model.to(memory_format=fmt); train_data = train_data.contiguous(memory_format=fmt)
     return train_data, heldout, fmt
 
+# %% ../nbs/05_training.ipynb #15ceb21b
+class WeightAverage(AveragedModel):
+    "eq-train-ema over parameters and buffers; the update never reads the device."
+    def __init__(self, model: nn.Module, decay: float):
+        super().__init__(model, use_buffers=True); self.decay = decay
+
+    def update_parameters(self, model: nn.Module):
+        if self.__dict__.get('_started') is None:       # once per run (and after a load)
+            self._started = bool(self.n_averaged > 0)
+        pairs = [(a.detach(), b.detach()) for a, b in zip(
+            itertools.chain(self.module.parameters(), self.module.buffers()),
+            itertools.chain(model.parameters(), model.buffers()))]
+        floats = [(a, b) for a, b in pairs if a.is_floating_point() and self._started]
+        # $\bar\theta_k = \lambda\bar\theta_{k-1} + (1-\lambda)\theta_k$ (eq-train-ema)
+        if floats: torch._foreach_lerp_(*map(list, zip(*floats)), 1 - self.decay)
+        for a, b in pairs:
+            if not (a.is_floating_point() and self._started): a.copy_(b)   # theta_0, counters
+        self._started = True; self.n_averaged += 1
+
+    def load_state_dict(self, *args, **kwargs):
+        self.__dict__.pop('_started', None); return super().load_state_dict(*args, **kwargs)
+
 # %% ../nbs/05_training.ipynb #7cbd89ac
 @dataclass
 class _RunState:
@@ -678,6 +700,7 @@ class _RunState:
     train_seconds: float = 0.0
     running: Optional[float] = None   # moving average of the minibatch bound, bits
     alpha_bar_T_start: float = 0.0    # the schedule's alpha_bar_T as built, before any training
+    pending: Optional[tuple] = None   # the last step's loss and checks, not yet read (_receive)
 
 
 # %% ../nbs/05_training.ipynb #e145f991
@@ -687,8 +710,7 @@ def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint
            init=None) -> _RunState:
     "State restored from `checkpoint` if it exists, else warm-started from `init`, else seeded."
     opt = _optimizer(cfg, _param_groups(model, cfg))
-    ema = (AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(cfg.ema), use_buffers=True)
-           if cfg.ema else None)
+    ema = WeightAverage(model, cfg.ema) if cfg.ema else None
     state = _RunState(model, opt, ema, torch.Generator(device='cpu'), full_config, device)
     state.restarts = []                  # the warm restarts behind this run (eq-train-warm)
     with torch.no_grad(): state.alpha_bar_T_start = model['diffusion'].alphas_bar()[-1].item()
@@ -711,7 +733,9 @@ def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint
 def _minibatch(d: Diffusion, train_data, cfg: TrainConfig, gen, share: tuple, fmt, device):
     "This rank's share of the global minibatch: examples, steps (eq-train-stratified), noise."
     B, T, (lo, hi) = cfg.batch_size, d.T, share
-    idx = torch.randint(len(train_data), (B,), generator=gen)[lo:hi].to(device)   # global, my share
+    idx = torch.randint(len(train_data), (B,), generator=gen)[lo:hi]      # global, my share
+    # from pinned memory without waiting: a plain copy to a GPU waits for all the work queued
+    idx = idx.pin_memory().to(device, non_blocking=True) if device.type == 'cuda' else idx
     ts = None if T < 2 else (stratified_steps(B, T, device) if cfg.stratified and T > 2
                              else torch.randint(2, T + 1, (B,), device=device))
     noise = (torch.randn if isinstance(d, GaussianDiffusion) else torch.rand)(
@@ -722,32 +746,55 @@ def _minibatch(d: Diffusion, train_data, cfg: TrainConfig, gen, share: tuple, fm
 
 
 # %% ../nbs/05_training.ipynb #62c08632
+def _send(step: int, loss, failed, checks) -> tuple:
+    "Start copying a step's loss and failure flag to the host, without waiting; see `_receive`."
+    v = torch.stack([loss.double(), failed.double()])
+    if not v.is_cuda: return step, v, None, checks
+    host = torch.empty(2, dtype=torch.float64, pin_memory=True); host.copy_(v, non_blocking=True)
+    ready = torch.cuda.Event(); ready.record()
+    return step, host, ready, checks
+
+def _receive(state: _RunState):
+    "Read the pending step: raise its error, or add its estimate to the running bound (bits)."
+    if state.pending is None: return
+    (step, values, ready, checks), state.pending = state.pending, None
+    if ready is not None: ready.synchronize()
+    loss_value, failed = values.tolist()
+    if failed:
+        checks.verify()                                  # an input check's ValueError, if any
+        raise FloatingPointError(f"the bound estimate became {loss_value} at step {step}")
+    kb = -loss_value / LN2
+    # the running bound: an exponential moving average of the minibatch estimates, bits
+    state.running = kb if state.running is None else 0.99 * state.running + 0.01 * kb
+
+
+# %% ../nbs/05_training.ipynb #144f5907
 def _step(state: _RunState, objective, batch: tuple, cfg: TrainConfig, t_start: float) -> bool:
     "One ascent step on the one-step estimate (eq-k-estimator); True when the run must stop."
     for g in state.opt.param_groups: g['lr'] = _lr(cfg, state.step) * g.get('lr_scale', 1.0)
-    with deferred_checks():       # input checks read from the device once, with the loss
+    with deferred_checks(verify=False) as checks:          # read in _receive
         loss = -objective(*batch).mean()
         state.opt.zero_grad(set_to_none=True); loss.backward()  # DDP: gradients averaged
-        elapsed = time.perf_counter() - t_start
-        stop = cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes
-        loss_value, stop = _agree(loss, stop)
-    if not math.isfinite(loss_value):
-        raise FloatingPointError(f"the bound estimate became {loss_value} "
-                                 f"at step {state.step}")
+    elapsed = time.perf_counter() - t_start
+    loss, stop = _agree(loss, cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes)
+    failed = ~torch.isfinite(loss) if checks.failed() is None else (
+        ~torch.isfinite(loss) | checks.failed())
+    _receive(state)                              # the previous step, while this one runs
+    state.pending = _send(state.step, loss, failed, checks)
+    on_device = state.opt.defaults.get('fused') and world()[1] == 1
+    if not on_device: _receive(state)            # read now, before the weights change
     if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.grad_clip)
+    if on_device: state.opt.found_inf, state.opt.grad_scale = failed.float(), None  # skip if set
     state.opt.step()
     # $\bar\theta_k = \lambda\bar\theta_{k-1} + (1-\lambda)\theta_k$ (eq-train-ema)
     if state.ema is not None: state.ema.update_parameters(state.model)
     state.step += 1
-    kb = -loss_value / LN2
-    # the running bound: an exponential moving average of the minibatch estimates, bits
-    state.running = kb if state.running is None else 0.99 * state.running + 0.01 * kb
     return stop
-
 
 # %% ../nbs/05_training.ipynb #3ef3639a
 def _save(state: _RunState, checkpoint):
     "Everything needed to continue exactly (format `dpm-checkpoint-2`), written atomically."
+    _receive(state)                                  # only steps that were read and found finite
     model, ema, device = state.model, state.ema, state.device
     atomic_save(dict(format=FORMAT, model=model.state_dict(), optimizer=state.opt.state_dict(),
                      ema=ema.state_dict() if ema is not None else None,
@@ -766,6 +813,7 @@ def _due(cfg: TrainConfig, step: int, stop: bool, last_save: float) -> bool:
 # %% ../nbs/05_training.ipynb #ce01f29b
 def _held_out_eval(state: _RunState, heldout, seed: int) -> float:
     "K at every t (eq-k-general) on held-out data, recorded in the history; bits."
+    _receive(state)
     m = state.model if state.ema is None else state.ema.module     # evaluate the weights we keep
     m.eval()
     with torch.random.fork_rng(devices=[state.device] if state.device.type == 'cuda' else []):
@@ -796,6 +844,7 @@ def _show(bar, state: _RunState, per_second: float, last_eval):
 def _finish(state: _RunState, cfg: TrainConfig, train_data, n_proc: int, examples: int,
             seconds: float) -> dict:
     "Leave the kept (averaged) weights in eval mode; the record: progress, history, device, speed."
+    _receive(state)
     if state.ema is not None: state.model.load_state_dict(state.ema.module.state_dict())
     state.model.eval()
     with torch.no_grad(): alpha_bar_T = state.model['diffusion'].alphas_bar()[-1].item()
