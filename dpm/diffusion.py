@@ -57,6 +57,8 @@ class DeferredChecks:
             self.raise_first(torch.stack([f.to(device) for f, _ in self.pending]).tolist())
         self.pending = []
 
+
+# %% ../nbs/01_diffusion.ipynb #5d176d61
 _deferred: list = []                                  # the open `deferred_checks()` blocks
 
 @contextmanager
@@ -181,6 +183,8 @@ def betas(self: Diffusion) -> torch.Tensor:
     if cached: return cached[0]
     return (self.schedule() if hasattr(self, 'schedule') else self.fixed_betas).double()
 
+
+# %% ../nbs/01_diffusion.ipynb #12079800
 @patch
 def _fixed_key(self: Diffusion):
     "What a fixed schedule's values depend on (None when it is learned: no reuse across steps)."
