@@ -15,8 +15,9 @@ scale's cache). The steps:
    hash, the one myst-nb's `cache` mode matches). A chapter that is there with its figure-font
    records is not executed again.
 4. The others run, up to --jobs at a time, each in a kernel of --threads threads (OMP/MKL/torch),
-   longest first; each prints its name and seconds when done, with a warning when it took longer
-   than its budget (tools/book_budgets.tsv). A cell error stops the build (exit status 1).
+   longest first (by their last times, else their budgets); each prints its name when it starts and
+   its seconds when done, with a warning when it took longer than its budget
+   (tools/book_budgets.tsv). A cell error stops the build (exit status 1).
 5. Each kernel loads tools/figure_fonts.py from a profile of its own and writes its records into
    `figure_fonts/<cache key>/` beside the cache; the records of every chapter of the book are
    copied into --records (tests/test_book.py reads them there), executed now or before.
@@ -183,9 +184,10 @@ def run_one(src: str, out: str, cwd: str, timeout: int, allow_errors: bool) -> i
     return 0
 
 
-def _execute(job, records_root, threads, execute_cfg):
+def _execute(job, records_root, threads, execute_cfg, width=0):
     """Parent: run one chapter in a child process with its own figure-font profile and threads."""
     stem, nb, key = job
+    print(f'  {stem:<{width}}  started', flush=True)
     records = records_root / key
     shutil.rmtree(records, ignore_errors=True)
     with tempfile.TemporaryDirectory(prefix=f'book-{stem}-') as tmp:
@@ -236,12 +238,13 @@ def main(argv=None):
     jobs = max(1, args.jobs)
     threads = args.threads or max(1, (os.cpu_count() or 1) // jobs)
     why = prepare_cache(cache_path, stamp(), force=args.force)
-    if why: print(f'book cache ({scale}) cleared: {", ".join(why)} changed', flush=True)
+    if why: print(f'book cache ({scale}) cleared: ' + ('asked (--force)' if why == ['--force'] else
+                                                     f'{", ".join(why)} changed'), flush=True)
     cache = get_cache(str(cache_path / 'jupyter_cache'))
     records_root = cache_path / 'figure_fonts'
     execute_cfg = yaml.safe_load((ROOT / '_config.yml').read_text()).get('execute', {})
     budgets = read_budgets()
-    times_path = cache_path / 'seconds.json'
+    times_path = cache_path.parent / f'seconds-{scale}.json'     # kept when the cache is cleared
     last = json.loads(times_path.read_text()) if times_path.exists() else {}
 
     print(f'chapters ({scale} scale, cache {cache_path.relative_to(ROOT)}):', flush=True)
@@ -260,7 +263,7 @@ def main(argv=None):
               f'{threads} thread(s) each', flush=True)
     failed, slow = [], []
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(_execute, job, records_root, threads, execute_cfg)
+        futures = [pool.submit(_execute, job, records_root, threads, execute_cfg, width)
                    for job in todo]
         for fut in concurrent.futures.as_completed(futures):
             stem, nb, done, seconds, rc = fut.result()
