@@ -447,7 +447,8 @@ def _photo(name: str) -> np.ndarray:
     spec = importlib.util.find_spec(package)
     if spec is None:
         raise ValueError(f"dpm: the held-out photograph {name} ships with {package}, which is "
-                         f"not installed (pip install {package.replace('sklearn', 'scikit-learn')})")
+                         f"not installed (pip install {package.replace('sklearn', 'scikit-learn')}"
+                         f")")
     with Image.open(Path(spec.origin).parent / rel) as im: return np.asarray(im.convert('RGB'))
 
 # %% ../nbs/12_image_data.ipynb #7b38a243
@@ -491,11 +492,12 @@ def photo_patches(n: int, photos, size: int = 32, seed: int = 0):
         out[i] = img[r:r + size, c:c + size].transpose(2, 0, 1)
     return out, which
 
+# %% ../nbs/12_image_data.ipynb #68498032
 def photo_tiles(photos, size: int = 32, seed: int = 1):
-    "All non-overlapping size x size tiles of each photo at its largest scale, shuffled: (tiles, photo)"
+    "Every non-overlapping size x size tile of each photo at its largest scale, shuffled; photo."
     tiles, which = [], []
     for k, p in enumerate(photos):
-        img = _photo_pyramid(p)[-1]                                   # shorter side PHOTO_SCALES[-1]
+        img = _photo_pyramid(p)[-1]                           # shorter side PHOTO_SCALES[-1]
         h, w = img.shape[0] // size, img.shape[1] // size
         grid = img[:h * size, :w * size].reshape(h, size, w, size, 3)
         tiles.append(grid.transpose(0, 2, 4, 1, 3).reshape(h * w, 3, size, size))
@@ -527,6 +529,7 @@ def _cifar_stand_in(split: str, n: Optional[int], seed: int) -> ImageData:
                        split=split, source=source + ', '.join(photos), stand_in=True,
                        licence='; '.join(f'{k}: {v}' for k, v in photos.items()), note=note)
 
+# %% ../nbs/12_image_data.ipynb #c3f6d786
 def load_cifar10(split: str = 'train',         # 'train' or 'test'
                  root=None,                    # directory of the python batches (else DPM_DATA)
                  allow_stand_in: bool = True,  # False: the real batches or an error
@@ -611,6 +614,7 @@ def _patches(images, masks, labels, n: int, size: int, rng):
         out[i, 0] = images[j][r:r + size, c:c + size]
     return out, np.asarray(labels)[which]
 
+# %% ../nbs/12_image_data.ipynb #0eaca194
 BARK_BLOCK = 64              # pixels: held-out tiles in one block x block square form a group
 
 def _tiles(images, masks, labels, n: int, size: int, rng):
@@ -647,6 +651,7 @@ def _bark_split(items, rec: dict, split: str, n: int, patch: int, region: int, r
                        **{**rec, 'note': rec['note'] + f'; test: non-overlapping {patch}x{patch} '
                           f'tiles, grouped by {BARK_BLOCK}x{BARK_BLOCK} block'})
 
+# %% ../nbs/12_image_data.ipynb #0f053be1
 def _bark_real(root: Path, split: str, **kw) -> Optional[ImageData]:
     "UIUC bark (the last image of each class held out), or None when the files are not in root."
     found = _bark_images(root)
