@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit', 'fit_eigen', 'LinearReverse',
            'marginal_variances', 'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1', 'diagonal_gap',
-           'diagonal_gap_bits', 'paired_bounds', 'paired', 'linear_of', 'image_baselines']
+           'diagonal_gap_bits', 'paired_bounds', 'paired', 'grouped_se', 'null_log_prob', 'linear_of',
+           'image_baselines']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
 import math
@@ -189,15 +190,37 @@ def paired_bounds(d, models: dict, x, seed: int = 0, batch_size: int = 500) -> d
         out[name] = dict(k=torch.cat(ks), kl_t=kl_t / len(x))
     return out
 
-def paired(a: torch.Tensor, b: torch.Tensor) -> tuple:
-    "Mean of a - b and its standard error over the pairs (eq-base-paired)."
-    diff = (a - b).double()
-    return diff.mean().item(), diff.std().item() / math.sqrt(len(diff))
+def paired(a: torch.Tensor, b: torch.Tensor, groups=None) -> tuple:
+    "Mean of a - b and its standard error over the pairs (eq-base-paired), grouped if given."
+    return grouped_se((a - b).double(), groups)              # eq-base-cluster-se
+
+# %% ../nbs/10a_baselines.ipynb #6d0d52d6
+def grouped_se(v, groups=None) -> tuple:
+    "Mean of v and its standard error, clustered by `groups` if given (eq-base-cluster-se)."
+    v = torch.as_tensor(v).double().flatten().cpu()
+    N = len(v)
+    g = torch.arange(N) if groups is None else torch.as_tensor(groups).flatten().cpu()
+    if len(g) != N: raise ValueError(f"dpm: {N} values but {len(g)} group labels")
+    g = torch.unique(g, return_inverse=True)[1]
+    G = int(g.max()) + 1 if N else 0
+    if G < 2: raise ValueError(f"dpm: a standard error needs at least 2 groups, got {G}")
+    mean = v.mean()
+    # $e_g = \sum_{i\in g}(v_i - \bar v)$
+    e = torch.zeros(G, dtype=torch.float64).index_add_(0, g, v - mean)
+    # $\mathrm{se}_G^2 = \frac{G}{G-1}\frac{1}{N^2}\sum_g e_g^2$
+    return mean.item(), math.sqrt(G / (G - 1) * (e ** 2).sum().item()) / N
 
 # %% ../nbs/10a_baselines.ipynb #a1a5611f
-def _bits_stats(v: torch.Tensor, D: int) -> tuple:
-    "Mean and standard error of per-image nats, as bits per dimension."
-    return v.mean().item() / LN2 / D, v.std().item() / math.sqrt(len(v)) / LN2 / D
+def _bits_stats(v: torch.Tensor, D: int, groups=None) -> tuple:
+    "Mean and standard error (grouped if given) of per-image nats, as bits per dimension."
+    mean, se = grouped_se(v, groups)                                    # eq-base-cluster-se
+    return mean / LN2 / D, se / LN2 / D
+
+def null_log_prob(x) -> torch.Tensor:
+    "log N(x; 0, I) per image, nats, float64 (eq-base-null): L_null on these images."
+    sq = x.reshape(len(x), -1).double().pow(2).sum(1).cpu()
+    # $-\tfrac12\big(D\log 2\pi + \|\mathbf x\|^2\big)$
+    return -0.5 * (x[0].numel() * math.log(2 * math.pi) + sq)
 
 # %% ../nbs/10a_baselines.ipynb #21e7e4ef
 def linear_of(d, reverse, train) -> LinearReverse:
@@ -206,21 +229,24 @@ def linear_of(d, reverse, train) -> LinearReverse:
     if own is not None: return own
     return LinearReverse(d, train.shape[1:], fit_eigen(train)).to(d.device)
 
+# %% ../nbs/10a_baselines.ipynb #7054d1b9
 @torch.no_grad()
 def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
-                    linear: LinearReverse = None) -> dict:
-    "K, linear model, Gaussian, floor, prior gap, paired differences: bits/dim (eq-base-paired)."
+                    linear: LinearReverse = None, groups=None) -> dict:
+    "K, linear model, Gaussian, L_null, floor, prior gap, paired differences (grouped): bits/dim."
     D, linear = x[0].numel(), linear or linear_of(d, reverse, train)
     r = paired_bounds(d, dict(network=reverse, linear=linear), x, seed, batch_size)
     k, k_lin = r['network']['k'], r['linear']['k']
-    g = gaussian_log_likelihood(train, x).cpu()
-    out = dict(zip(('K_bits', 'K_bits_se'), _bits_stats(k, D)))
-    out.update(zip(('linear_bits', 'linear_bits_se'), _bits_stats(k_lin, D)))
-    out.update(zip(('gaussian_bits', 'gaussian_bits_se'), _bits_stats(g, D)))
+    g, null = gaussian_log_likelihood(train, x).cpu(), null_log_prob(x)     # eq-base-null
+    out = {}
+    for name, v in dict(K=k, linear=k_lin, gaussian=g, null=null).items():
+        out.update(zip((f'{name}_bits', f'{name}_bits_se'), _bits_stats(v, D, groups)))
     for name, (a, b) in dict(K_minus_gaussian=(k, g), K_minus_linear=(k, k_lin),
-                             linear_minus_gaussian=(k_lin, g)).items():
-        diff, se = paired(a, b)
+                             linear_minus_gaussian=(k_lin, g), K_minus_null=(k, null)).items():
+        diff, se = paired(a, b, groups)                    # eq-base-paired, eq-base-cluster-se
         out[f'{name}_bits'], out[f'{name}_se'] = diff / LN2 / D, se / LN2 / D
+    out['K_bits_se_iid'] = _bits_stats(k, D)[1]                # as if the images were independent
+    out['K_minus_gaussian_se_iid'] = paired(k, g)[1] / LN2 / D
     fit = linear.fit
     out['floor_bits'] = floor_bits(fit, d.betas[0].item())
     out['diagonal_gap_bits'] = diagonal_gap_bits(fit, d)                     # eq-base-diag-gap
@@ -228,4 +254,6 @@ def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
     kl_diff = (r['network']['kl_t'] - r['linear']['kl_t']) / LN2 / D    # per step t = 2..T
     out['kl_t_minus_linear_bits'] = kl_diff.tolist()
     out['n_heldout'] = len(x)
+    out['n_groups'] = len(x) if groups is None else len(torch.unique(torch.as_tensor(groups)))
+    out['heldout_second_moment'] = x.double().pow(2).mean().item()       # E[x^2] per value
     return out

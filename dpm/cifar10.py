@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['L_NULL_BITS_PER_DIM', 'CHANNELS', 'PAPER_K_BITS_PER_PIXEL', 'PAPER_K_MINUS_L_NULL', 'ASSUMED_PIXEL_STD',
-           'MODERN_BITS_PER_DIM', 'NET_KEYS', 'CIFAR10', 'CIFAR10_GPU', 'bits_per_pixel', 'paper_to_8bit', 'crop',
-           'cifar_images', 'fit_scaler', 'model_scaler', 'wiener_denoise', 'wiener_mse', 'denoising', 'plot_figure3']
+           'MODERN_BITS_PER_DIM', 'NET_KEYS', 'RECIPES', 'CIFAR10', 'CIFAR10_GPU', 'bits_per_pixel', 'paper_to_8bit',
+           'crop', 'cifar_images', 'heldout_groups', 'fit_scaler', 'model_scaler', 'wiener_denoise', 'wiener_mse',
+           'denoising', 'plot_figure3']
 
 # %% ../nbs/14_cifar10.ipynb #3d945bd4
 import math, time, functools
@@ -13,8 +14,8 @@ from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, networ
                                linear_path)
 from .training import Experiment, train_or_load, evaluate_bound
 from .data import load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit
-from .posterior import denoise
-from .baselines import fit_gaussian, gaussian_log_prob, image_baselines
+from .posterior import denoise, GaussianDataReverse
+from .baselines import fit_gaussian, gaussian_log_prob, image_baselines, paired
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
 # $L_{null}/D = -\tfrac12\log_2(2\pi e)$ bits per value, unit Gaussian (eq-cf-lnull)
@@ -51,14 +52,20 @@ def crop(k: torch.Tensor, size: int) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=4)
 def _images(n_train: int, n_heldout: int, size: int, seed: int):
-    "Cached central crops of the 8-bit train and test images, and their records."
+    "Cached central crops of the 8-bit train and test images, their records, held-out groups."
     tr = load_cifar10('train', n=n_train, seed=seed)
     te = load_cifar10('test', n=n_heldout, seed=seed)
-    return crop(tr.images[:n_train], size), crop(te.images[:n_heldout], size), tr.record, te.record
+    groups = None if te.groups is None else te.groups[:n_heldout]
+    return (crop(tr.images[:n_train], size), crop(te.images[:n_heldout], size), tr.record,
+            te.record, groups)
 
 def cifar_images(cfg: dict, seed: int = 0):
     "8-bit (train, heldout) images (N, 3, S, S) uint8 and their DataRecords, central S x S crops."
-    return _images(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))
+    return _images(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))[:4]
+
+def heldout_groups(cfg: dict, seed: int = 0):
+    "The source photograph of each held-out image (eq-base-cluster-se); None if independent."
+    return _images(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))[4]
 
 # %% ../nbs/14_cifar10.ipynb #ca42ca38
 def fit_scaler(cfg: dict, seed: int = 0) -> Scaler:
@@ -138,29 +145,54 @@ def wiener_mse(Sigma, noise_var: float) -> float:
 
 
 # %% ../nbs/14_cifar10.ipynb #83792d9c
+RECIPES = ('paper', 'noised')   # constant r (eq-post-gauss-product); r_t (eq-post-noised-r)
+
+@torch.no_grad()
+def _posterior_samples(d, model, y, noise_var: float, n: int, recipe: str, seed: int):
+    "n posterior samples of each row of y, (n, *y.shape); the same random numbers for any model."
+    g = torch.Generator(device=d.device).manual_seed(61_000 + seed)
+    ys = y.repeat(n, *([1] * (y.dim() - 1)))                          # n rows per image
+    return denoise(d, model, ys, noise_var, generator=g, recipe=recipe).reshape(n, *y.shape)
+
+@torch.no_grad()
+def _denoise_models(d, models: dict, x, y, noise_var, n, seed, recipes) -> tuple:
+    "Samples and per-image squared errors of each model and recipe: one sample, mean of n."
+    err = lambda a: ((a - x) ** 2).flatten(1).mean(1).cpu()
+    samples, per_image = {}, {}
+    for name, model in models.items():
+        for recipe in recipes:
+            s = _posterior_samples(d, model, y, noise_var, n, recipe, seed)
+            samples[f'{name}_{recipe}'] = s
+            per_image[f'{name}_{recipe}_sample'] = err(s[0])
+            per_image[f'{name}_{recipe}_mean'] = err(s.mean(0))          # eq-cf-sample-mse
+    return samples, per_image
+
+# %% ../nbs/14_cifar10.ipynb #a45fda92
 @torch.no_grad()
 def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, gaussian=None,
-              seed: int = 0) -> dict:
-    "Figure 3's denoising on `clean` (n, C, H, W): noisy, posterior samples, their mean, Wiener."
+              seed: int = 0, recipes=RECIPES) -> dict:
+    """Figure 3's denoising of `clean` (n, C, H, W): noisy images, posterior samples of each recipe
+    from the network and, given `gaussian` = (m, Sigma), the perfect Gaussian model (eq-post-eigen)
+    and the Wiener filter; squared errors per image ('per_image') and their means ('mse_...')."""
     dev = d.device
     x = clean.to(dev)
     g = torch.Generator(device=dev).manual_seed(60_000 + seed)
     # $\mathbf y = \mathbf x + \boldsymbol\epsilon$, noise of variance $\sigma^2$ per value
     y = x + math.sqrt(noise_var) * torch.randn(x.shape, generator=g, device=dev)
-    ys = y.repeat(n_posterior, 1, 1, 1)                               # n_posterior rows per image
-    # every reverse step times r (eq-post-gauss-product); n posterior samples per image
-    post = denoise(d, reverse, ys, noise_var, generator=g).reshape(n_posterior, *x.shape)
-    mse = lambda a: ((a - x) ** 2).mean().item()
-    # one sample, and the mean of n samples (eq-cf-sample-mse)
-    out = dict(noisy=y, samples=post, clean=x, mse_noisy=mse(y), mse_sample=mse(post[0]),
-               mse_posterior_mean=mse(post.mean(0)), n_posterior=n_posterior, noise_var=noise_var)
+    models = dict(network=reverse)
+    if gaussian is not None: models['gaussian'] = GaussianDataReverse(d, *gaussian)
+    post, per = _denoise_models(d, models, x, y, noise_var, n_posterior, seed, recipes)
+    per['noisy'] = ((y - x) ** 2).flatten(1).mean(1).cpu()
+    out = dict(noisy=y, clean=x, posterior=post, samples=post[f'network_{recipes[0]}'],
+               per_image=per, n_posterior=n_posterior, noise_var=noise_var)
     if gaussian is not None:
-        m, Sigma = gaussian
-        out.update(wiener=wiener_denoise(m, Sigma, y, noise_var),
-                   mse_wiener_predicted=wiener_mse(Sigma, noise_var))
-        out['mse_wiener'] = mse(out['wiener'])
+        out['wiener'] = wiener_denoise(*gaussian, y, noise_var)          # eq-cf-wiener
+        per['wiener'] = ((out['wiener'] - x) ** 2).flatten(1).mean(1).cpu()
+        out['mse_wiener_predicted'] = wiener_mse(gaussian[1], noise_var)
+    out.update({f'mse_{k}': v.mean().item() for k, v in per.items()})
+    out['mse_sample'] = out[f'mse_network_{recipes[0]}_sample']       # the paper's recipe
+    out['mse_posterior_mean'] = out[f'mse_network_{recipes[0]}_mean']
     return out
-
 
 # %% ../nbs/14_cifar10.ipynb #9510764b
 def _check_ceiling(K: float, K_se: float, scaler: Scaler) -> float:
@@ -172,64 +204,82 @@ def _check_ceiling(K: float, K_se: float, scaler: Scaler) -> float:
                            f"{ceiling:.3f} of 8-bit data: a bug")
     return ceiling
 
-def _table1_numbers(K, K_se, g, scaler: Scaler, ceiling: float) -> dict:
-    "K (nats/dim) and the Gaussian's g (nats/dim, per image) per RGB pixel (eq-cf-lnull), 8-bit."
+def _table1_numbers(K, K_se, g, scaler: Scaler, ceiling: float, base: dict) -> dict:
+    "K (nats/dim), the Gaussian's g (nats/dim, per image), `base`'s SEs: per RGB pixel, 8-bit."
     return dict(K_bits=bits_per_pixel(K / LN2), K_bits_se=bits_per_pixel(K_se / LN2),
                 L_null_bits=bits_per_pixel(L_NULL_BITS_PER_DIM),
                 K_minus_L_null_bits=bits_per_pixel(K / LN2 - L_NULL_BITS_PER_DIM),
                 # eq-cf-bridge
                 K_bits_per_dim=K / LN2, bits_per_dim_8bit=nll_bits_per_dim_8bit(K, scaler),
                 gaussian_bits=bits_per_pixel(g.mean().item() / LN2),
-                gaussian_bits_se=bits_per_pixel(g.std().item() / LN2 / math.sqrt(len(g))),
+                gaussian_bits_se=bits_per_pixel(base['gaussian_bits_se']),   # grouped
+                L_null_heldout_bits=bits_per_pixel(base['null_bits']),       # eq-base-null
+                K_minus_L_null_heldout_bits=bits_per_pixel(base['K_minus_null_bits']),
+                K_minus_L_null_heldout_se=bits_per_pixel(base['K_minus_null_se']),
+                heldout_second_moment=base['heldout_second_moment'],
                 gaussian_bits_per_dim_8bit=nll_bits_per_dim_8bit(g.mean().item(), scaler),
                 ceiling_bits=bits_per_pixel(ceiling), data_shift=scaler.shift,
                 data_scale=scaler.scale, pixel_std=1 / scaler.scale,
                 paper_converted_bits_per_dim=paper_to_8bit(pixel_std=ASSUMED_PIXEL_STD),
                 paper_converted_own_std=paper_to_8bit(pixel_std=1 / scaler.scale))
 
-
 # %% ../nbs/14_cifar10.ipynb #c14a0005
+def _denoise_numbers(den: dict, groups) -> dict:
+    "Figure 3's errors, and the target: network minus Gaussian model, noised recipe, mean of n."
+    out = {k: v for k, v in den.items() if k.startswith('mse_')}
+    out.update(n_posterior=den['n_posterior'], n_denoise=len(den['clean']))
+    if 'gaussian_noised_mean' in den['per_image']:
+        a, b = den['per_image']['network_noised_mean'], den['per_image']['gaussian_noised_mean']
+        g = None if groups is None or groups.unique().numel() < 2 else groups
+        diff, se = paired(a, b, g)                            # eq-base-paired, eq-base-cluster-se
+        out.update(denoise_net_minus_gauss=diff, denoise_net_minus_gauss_se=se,
+                   denoise_se_grouped=g is not None)
+    return out
+
+# %% ../nbs/14_cifar10.ipynb #bf364239
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
-    "Table 1 numbers per RGB pixel and in 8-bit bits/dim; Figure 3's denoising errors."
+    "Table 1 numbers per RGB pixel, grouped SEs, L_null of the held-out set; Figure 3's errors."
     dev, seed = d.device, cfg.get('seed', 0)
     x = heldout[:cfg['n_eval']].to(dev)
+    groups = heldout_groups(cfg, seed)
+    groups = None if groups is None else groups[:len(x)]
     D, scaler = x[0].numel(), model_scaler(d)
     train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()
-    base = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])   # eq-base-paired
+    base = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'], groups=groups)
     bound_seconds = time.perf_counter() - t0
     m, Sigma = fit_gaussian(train)
     g = gaussian_log_prob(m, Sigma, x).cpu() / D               # nats per dim, per image
     K, K_se = base['K_bits'] * LN2, base['K_bits_se'] * LN2          # nats per dim
     ceiling = _check_ceiling(K, K_se, scaler)
-    t0 = time.perf_counter()
-    den = denoising(d, reverse, x[:cfg['n_denoise']], 1.0, cfg['n_posterior'], (m, Sigma), seed)
+    t0, n_den = time.perf_counter(), cfg['n_denoise']
+    den = denoising(d, reverse, x[:n_den], 1.0, cfg['n_posterior'], (m, Sigma), seed)
     denoise_seconds = time.perf_counter() - t0
     rec = cifar_images(cfg, seed)[3]
-    out = _table1_numbers(K, K_se, g, scaler, ceiling)
+    out = _table1_numbers(K, K_se, g, scaler, ceiling, base)
     out.update(baselines=base, beta_1=d.betas[0].item(), alpha_bar_T=d.alphas_bar()[-1].item())
     out.update(n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
                denoise_seconds=denoise_seconds, data=rec.name, stand_in=rec.stand_in)
-    out.update({k_: den[k_] for k_ in ('mse_noisy', 'mse_sample', 'mse_posterior_mean',
-                                       'mse_wiener', 'mse_wiener_predicted', 'n_posterior')})
-    out['n_denoise'] = len(den['clean'])
+    out.update(_denoise_numbers(den, None if groups is None else groups[:n_den]))
     return out
 
-
 # %% ../nbs/14_cifar10.ipynb #8b4e8c84
+_ROW_NAMES = {'network_paper': 'network,\nconstant r', 'network_noised': 'network,\nnoised r',
+              'gaussian_paper': 'Gaussian,\nconstant r', 'gaussian_noised': 'Gaussian,\nnoised r'}
+
 @torch.no_grad()
 def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None, den=None):
-    "Figure 3: held-out, noisy, posterior sample (eq-post-gauss-product), samples; `den` if given."
+    "Figure 3: held-out, noisy, mean of posterior samples per model and recipe, Wiener, samples."
     import matplotlib.pyplot as plt
     torch.manual_seed(seed)
     if den is None: den = denoising(d, reverse, heldout[:n], 1.0, 1, gaussian, seed)
     n = len(den['clean'])
     samples = d.sample(reverse, (n, *heldout.shape[1:]), device=d.device)
     scaler = model_scaler(d)
-    rows = [('held-out', den['clean']), ('noisy\n(SNR 1)', den['noisy']),
-            ('denoised\n(posterior\nsample)', den['samples'][0])]
-    if gaussian is not None: rows.append(('Wiener\nfilter', den['wiener']))
+    rows = [('held-out', den['clean']), ('noisy\n(SNR 1)', den['noisy'])]
+    rows += [(_ROW_NAMES.get(k, k), s.mean(0)) for k, s in den['posterior'].items()]
+    if 'wiener' in den: rows.append(('Wiener\nfilter', den['wiener']))
     rows.append(('model\nsamples', samples))
     fig, axes = plt.subplots(len(rows), n, figsize=(1.05 * n + 0.7, 1.05 * len(rows)),
                              squeeze=False)
@@ -242,10 +292,12 @@ def plot_figure3(d, reverse, heldout, n: int = 4, seed: int = 0, gaussian=None, 
     fig.tight_layout()
     return fig
 
+# %% ../nbs/14_cifar10.ipynb #63c5b82f
 def _figures(d, reverse, cfg, heldout):
     gauss = fit_gaussian(_data(cfg, cfg.get('seed', 0))[0].to(d.device))
-    return {'figure3': plot_figure3(d, reverse, heldout, n=6, seed=cfg.get('seed', 0),
-                                    gaussian=gauss)}
+    den = denoising(d, reverse, heldout[:6], 1.0, int(cfg['n_posterior']), gauss,
+                    cfg.get('seed', 0))
+    return {'figure3': plot_figure3(d, reverse, heldout, seed=cfg.get('seed', 0), den=den)}
 
 # %% ../nbs/14_cifar10.ipynb #db44893f
 _records = lambda cfg, seed: list(cifar_images(cfg, seed)[2:])   # which data a run used (ch. 05)

