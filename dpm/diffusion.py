@@ -199,11 +199,19 @@ def cached_schedule(self: Diffusion):
     key, kept = self._fixed_key(), self.__dict__.get('_fixed')
     if key is not None and kept is not None and kept[0] == key: cache = kept[1]
     else:
-        cache = (self.betas, self.alphas_bar(), self.one_minus_alphas_bar())
+        cache = (self.betas, self.alphas_bar(), self.one_minus_alphas_bar(), {})
         if key is not None: self.__dict__['_fixed'] = (key, cache)
     self.__dict__['_cache'] = cache
     try: yield self
     finally: self.__dict__.pop('_cache', None)
+
+@patch
+def _table(self: Diffusion, name: str, compute):
+    "A vector over t derived from the schedule, kept as long as the schedule's cache is."
+    cached = self.__dict__.get('_cache')
+    if cached is None: return compute()
+    if name not in cached[3]: cached[3][name] = compute()
+    return cached[3][name]
 
 
 # %% ../nbs/01_diffusion.ipynb #b964f2ff
@@ -307,15 +315,15 @@ def kernel(self: GaussianDiffusion, x_prev, t):
 @patch
 def marginal(self: GaussianDiffusion, x0, t):
     "Mean and variance of $q(x_t | x_0)$ (eq-gauss-marginal)."
-    alpha_bar, one_minus_alpha_bar = self.alphas_bar(), self.one_minus_alphas_bar()   # float64
+    sqrt_alpha_bar = self._table('sqrt_alpha_bar', lambda: self.alphas_bar().sqrt())   # float64
     # $\mathcal N(\sqrt{\bar\alpha_t}\,x_0,\ 1-\bar\alpha_t)$, cast after gathering
-    mean = per_step(alpha_bar.sqrt(), t, x0) * x0
+    mean, one_minus_alpha_bar = per_step(sqrt_alpha_bar, t, x0) * x0, self.one_minus_alphas_bar()
     return mean, per_step(one_minus_alpha_bar, t, x0).expand_as(x0)
 
 # %% ../nbs/01_diffusion.ipynb #08f45532
 @patch
-def posterior(self: GaussianDiffusion, x0, xt, t):
-    "Mean and variance of $q(x_{t-1} | x_t, x_0)$ (eq-gauss-posterior)."
+def _posterior_coefs(self: GaussianDiffusion):
+    "Vectors over t = 1..T of eq-gauss-posterior: (coef_0, coef_t, variance)."
     beta, alpha_bar, one_minus = self.betas, self.alphas_bar(), self.one_minus_alphas_bar()
     # vectors over t = 1..T: $\bar\alpha_{t-1}$, $1-\bar\alpha_{t-1}$, $1-\bar\alpha_t$
     alpha_bar_prev, one_minus_prev, one_minus_t = alpha_bar[:-1], one_minus[:-1], one_minus[1:]
@@ -324,7 +332,12 @@ def posterior(self: GaussianDiffusion, x0, xt, t):
     # $\sqrt{\alpha_t}\,(1-\bar\alpha_{t-1})/(1-\bar\alpha_t)$
     coef_t = (1 - beta).sqrt() * one_minus_prev / one_minus_t
     # $\tilde\beta_t = (1-\bar\alpha_{t-1})\,\beta_t/(1-\bar\alpha_t)$
-    var = one_minus_prev * beta / one_minus_t
+    return coef_0, coef_t, one_minus_prev * beta / one_minus_t
+
+@patch
+def posterior(self: GaussianDiffusion, x0, xt, t):
+    "Mean and variance of $q(x_{t-1} | x_t, x_0)$ (eq-gauss-posterior)."
+    coef_0, coef_t, var = self._table('posterior', self._posterior_coefs)
     i = t - 1
     # $\tilde\mu_t$ = coef_0 x_0 + coef_t x_t
     mean = per_step(coef_0, i, x0) * x0 + per_step(coef_t, i, x0) * xt
