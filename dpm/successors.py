@@ -6,7 +6,7 @@ __all__ = ['MEANS', 'VARIANCES', 'LOSSES', 'HYBRID_LAMBDA', 'DATA_SETS', 'LADDER
            'interpolated_variance', 'successor_loss', 'cosine_schedule', 'ladder_diffusion', 'ladder_models',
            'train_successor', 'compare_variants', 'verdict', 'run_ladder', 'ladder_setup', 'sample_figure']
 
-# %% ../nbs/15a_successors.ipynb #30a3bcb7
+# %% ../nbs/15a_successors.ipynb #f509b78f
 import math, time
 import torch
 from torch import nn
@@ -19,7 +19,7 @@ from .training import stratified_steps, experiment_data
 from .config import scaled
 from .baselines import paired_bounds, paired
 
-# %% ../nbs/15a_successors.ipynb #e581a245
+# %% ../nbs/15a_successors.ipynb #64f26d10
 def reference_kernel(x, z_mu, z_sigma, beta_t, T: int):
     "The reference code's kernel (eq-succ-ref): a step of the forward mean, learned variance."
     # $\Sigma = \sigma\big(z_\Sigma/\sqrt T + \operatorname{logit}\beta_t\big)$
@@ -27,7 +27,7 @@ def reference_kernel(x, z_mu, z_sigma, beta_t, T: int):
     # $\mu = x\sqrt{1-\beta_t} + z_\mu\sqrt{\beta_t}$
     return x * (1 - beta_t).sqrt() + z_mu * beta_t.sqrt(), var.expand_as(x)
 
-# %% ../nbs/15a_successors.ipynb #3ddd7169
+# %% ../nbs/15a_successors.ipynb #15f97f1b
 MEANS = ('paper', 'reference', 'eps')
 VARIANCES = ('learned', 'beta', 'beta_tilde', 'interp')
 
@@ -53,7 +53,7 @@ class SuccessorReverse(ReverseModel):
         if self.mean != 'eps': raise ValueError(f"mean={self.mean!r} predicts no noise")
         return self.trunk.raw(xt, self.check_input(xt, t))[:, 0]
 
-# %% ../nbs/15a_successors.ipynb #ec4b132d
+# %% ../nbs/15a_successors.ipynb #30af2b04
 @patch
 def kernel(self: SuccessorReverse, xt, t, z):
     "(mean, var) from raw z: eq-rev-gauss, eq-succ-ref, or eq-succ-eps-mean and a variance."
@@ -74,7 +74,7 @@ def forward(self: SuccessorReverse, xt, t):
     t = self.check_input(xt, t)
     return self.kernel(xt, t, self.trunk.raw(xt, t))
 
-# %% ../nbs/15a_successors.ipynb #26ee79fb
+# %% ../nbs/15a_successors.ipynb #6a036899
 def eps_mean(d: GaussianDiffusion, xt, eps, t):
     "Reverse mean from a noise prediction $\\epsilon_\\theta(x_t, t)$ (eq-succ-eps-mean)."
     beta = per_step(d.betas, t - 1, xt)                            # $\beta_t$
@@ -82,7 +82,7 @@ def eps_mean(d: GaussianDiffusion, xt, eps, t):
     # $\mu_\theta = (x_t - \beta_t\,\epsilon_\theta/\sqrt{1-\bar\alpha_t})/\sqrt{1-\beta_t}$
     return (xt - beta / one_minus.sqrt() * eps) / (1 - beta).sqrt()
 
-# %% ../nbs/15a_successors.ipynb #4fc28037
+# %% ../nbs/15a_successors.ipynb #6696ca09
 def posterior_variances(d: GaussianDiffusion) -> torch.Tensor:
     "$\\tilde\\beta_1..\\tilde\\beta_T$ (eq-succ-beta-tilde), float64; $\\tilde\\beta_1 = 0$."
     one_minus = d.one_minus_alphas_bar()                           # $1-\bar\alpha_{0..T}$
@@ -93,7 +93,7 @@ def posterior_variance(d: GaussianDiffusion, t, like):
     "$\\tilde\\beta_t$ per example, shaped like `like`, at least VAR_MIN (eq-succ-beta-tilde)."
     return per_step(posterior_variances(d), t - 1, like).clamp(min=VAR_MIN).expand_as(like)
 
-# %% ../nbs/15a_successors.ipynb #90b963e0
+# %% ../nbs/15a_successors.ipynb #283deaaa
 def simple_weights(d: GaussianDiffusion, variance: str = 'beta_tilde') -> torch.Tensor:
     "$w_t$ of eq-succ-weights for t = 2..T, fixed variance $\\tilde\\beta_t$ or $\\beta_t$."
     if variance not in ('beta', 'beta_tilde'):
@@ -103,7 +103,7 @@ def simple_weights(d: GaussianDiffusion, variance: str = 'beta_tilde') -> torch.
     # $w_t = \beta_t^2 / \big(2\sigma_t^2(1-\beta_t)(1-\bar\alpha_t)\big)$
     return (beta ** 2 / (2 * sigma2 * (1 - beta) * one_minus))[1:]
 
-# %% ../nbs/15a_successors.ipynb #6ea63f34
+# %% ../nbs/15a_successors.ipynb #8a22e6e8
 def interpolated_variance(d: GaussianDiffusion, z, t):
     "Improved DDPM's variance, between $\\tilde\\beta_t$ and $\\beta_t$ (eq-succ-interp)."
     beta = per_step(d.betas, t - 1, z).expand_as(z)
@@ -111,7 +111,7 @@ def interpolated_variance(d: GaussianDiffusion, z, t):
     # $\log\sigma_t^2 = v\log\beta_t + (1-v)\log\tilde\beta_t$
     return torch.exp(v * beta.log() + (1 - v) * posterior_variance(d, t, z).log())
 
-# %% ../nbs/15a_successors.ipynb #40d3ecc1
+# %% ../nbs/15a_successors.ipynb #71365d8f
 LOSSES = ('K', 'simple', 'hybrid')
 HYBRID_LAMBDA = 1e-3              # lambda of L_hybrid (Nichol & Dhariwal)
 
@@ -132,7 +132,7 @@ def successor_loss(d: GaussianDiffusion, model: SuccessorReverse, x0, t, noise, 
     kl = d.kl(d.posterior(x0, xt, t), (mean.detach(), var)) / x0[0].numel()
     return simple + HYBRID_LAMBDA * (d.T - 1) * kl
 
-# %% ../nbs/15a_successors.ipynb #037eeac7
+# %% ../nbs/15a_successors.ipynb #310de213
 def cosine_schedule(T: int, s: float = 0.008, max_beta: float = 0.999,
                     beta_1: float = None) -> torch.Tensor:
     "$\\beta_1..\\beta_T$ of the cosine schedule (eq-succ-cosine); `beta_1` replaces the first."
@@ -148,7 +148,7 @@ def cosine_schedule(T: int, s: float = 0.008, max_beta: float = 0.999,
     if beta_1 is not None: betas[0] = beta_1
     return check_betas(betas)
 
-# %% ../nbs/15a_successors.ipynb #b698db18
+# %% ../nbs/15a_successors.ipynb #5c69192d
 DATA_SETS = ('swiss_roll', 'dead_leaves', 'mnist')
 # steps: the same for every variant of a data set; the slowest variant trains in about 1.5 (swiss
 # roll) or 3 (images) minutes on one thread of the book's 2-core machine
@@ -163,7 +163,7 @@ LADDER_BUDGET = dict(
 def _check_data_set(data):
     if data not in DATA_SETS: raise ValueError(f"data must be one of {DATA_SETS}, got {data!r}")
 
-# %% ../nbs/15a_successors.ipynb #46b180ab
+# %% ../nbs/15a_successors.ipynb #a870db07
 def ladder_diffusion(data: str):
     "(experiment, configuration, diffusion, trunk builder) of a data set's book configuration."
     _check_data_set(data)
@@ -187,7 +187,7 @@ def ladder_diffusion(data: str):
     return exp, cfg, image_diffusion(cfg), lambda d_: ImageReverse(
         d_, shape, pathway=pathway, variant='reference', **net)
 
-# %% ../nbs/15a_successors.ipynb #8b6a0625
+# %% ../nbs/15a_successors.ipynb #1ecf5d0c
 LADDER = {                # name: (mean, variance, loss, schedule); each row changes one thing
     'paper': ('paper', 'learned', 'K', 'base'),             # 2015, eq-rev-gauss
     'reference': ('reference', 'learned', 'K', 'base'),     # 2015 reference code, eq-succ-ref
@@ -209,7 +209,7 @@ def ladder_models(make_trunk, d_base: GaussianDiffusion, seed: int = 0) -> dict:
         models[name] = SuccessorReverse(trunk, mean, variance)
     return models
 
-# %% ../nbs/15a_successors.ipynb #47bfff68
+# %% ../nbs/15a_successors.ipynb #618f2e3b
 def _lr(lr: float, lr_final: float, step: int, steps: int) -> float:
     # $\eta_k = \eta\,[f + (1-f)\tfrac12(1+\cos\pi k/K)]$, as the book's other models
     return lr * (lr_final + (1 - lr_final) * 0.5 * (1 + math.cos(math.pi * min(step / steps, 1))))
@@ -238,7 +238,7 @@ def train_successor(model: SuccessorReverse, loss: str, train_data, steps: int,
     return dict(loss=loss, steps=int(steps), batch_size=int(batch_size), train_seconds=seconds,
                 seconds_per_step=seconds / int(steps), seed=seed, lr=lr, ema=ema)
 
-# %% ../nbs/15a_successors.ipynb #2fe81912
+# %% ../nbs/15a_successors.ipynb #ca904dde
 @torch.no_grad()
 def compare_variants(models: dict, x, reference: str = 'reference', seed: int = 0,
                      previous: dict = None, batch_size: int = 500) -> dict:
@@ -265,13 +265,13 @@ def compare_variants(models: dict, x, reference: str = 'reference', seed: int = 
         out[name].update(minus_reference_bits=diff / LN2 / D, minus_reference_se=se / LN2 / D)
     return out
 
-# %% ../nbs/15a_successors.ipynb #bdb817cb
+# %% ../nbs/15a_successors.ipynb #8f456a59
 def verdict(diff: float, se: float, k: float = 3.0) -> str:
     "'held' if diff > k se, 'did not hold' if diff < -k se, else 'undecided'."
     if not se >= 0: raise ValueError(f"se must be a non-negative number, got {se}")
     return 'held' if diff > k * se else 'did not hold' if diff < -k * se else 'undecided'
 
-# %% ../nbs/15a_successors.ipynb #8fe7385a
+# %% ../nbs/15a_successors.ipynb #42693cc0
 def run_ladder(models: dict, train_data, heldout, steps: int, batch_size: int, seed: int = 0,
                per_dim: bool = True, **train_kw) -> dict:
     "Train every LADDER model alike, then K of each (and DDPM with sigma^2 = beta), paired."
@@ -295,7 +295,7 @@ def run_ladder(models: dict, train_data, heldout, steps: int, batch_size: int, s
     records['ddpm_beta']['spec'] = ('eps', 'beta', 'simple', 'base')
     return records
 
-# %% ../nbs/15a_successors.ipynb #7a6ca180
+# %% ../nbs/15a_successors.ipynb #6b2ed1f6
 def ladder_setup(data: str, seed: int = 0):
     "(cfg, diffusion, trunk builder, train, held-out) of a data set, data made from `seed`."
     exp, cfg, d, make = ladder_diffusion(data)
