@@ -3,7 +3,7 @@
     python bench/glued_values.py EXECUTED.ipynb [--times] > values.json
 
 Glued values are the `display_data` outputs that `myst_nb.glue` writes (metadata key
-`scrapbook`); the value is their `text/plain`. With `--times`, the per-cell seconds that
+`scrapbook`); the value is their text/plain form. With `--times`, the per-cell seconds that
 nbclient records (`metadata.execution`) are listed too, slowest first.
 """
 import json, sys
@@ -17,9 +17,11 @@ def glued(nb):
     out = {}
     for cell in nb.cells:
         for o in cell.get('outputs', []):
-            name = o.get('metadata', {}).get('scrapbook', {}).get('name')
-            if name is not None:
-                out[name] = o.get('data', {}).get('text/plain')
+            book = o.get('metadata', {}).get('scrapbook', {})
+            if 'name' in book:                    # myst_nb: data under '<mime_prefix>text/plain'
+                data = o.get('data', {})
+                out[book['name']] = data.get(book.get('mime_prefix', '') + 'text/plain',
+                                             data.get('text/plain'))
     return out
 
 
