@@ -47,7 +47,8 @@ def gap_curve(name, seed, threads, device, every):
     from dpm.swiss_roll import true_log_likelihood
     exp = get_experiment(name)
     out = ROOT / 'runs' / 'bench' / f'{name}-time-to-gap'
-    if (out / 'checkpoint.pt').exists(): (out / 'checkpoint.pt').unlink()
+    for f in ('checkpoint.pt', 'model.pt'):                        # always a fresh, timed run
+        if (out / f).exists(): (out / f).unlink()
     overrides = {'eval_every': every}
     cfg = exp.resolve(overrides)
     curve, spent, true = [], [0.0], {}
