@@ -9,6 +9,13 @@ trained models in results/models/ so that the book's train-or-load reuses them i
     python bench/bench_toys.py                     # all experiments, 2 threads
     python bench/bench_toys.py heartbeat           # one experiment (merged into the existing results file)
     python bench/bench_toys.py --threads 1 --seed 0
+    python bench/bench_toys.py swiss_roll --time-to-gap      # the gap vs training seconds, a curve
+
+With --time-to-gap (swiss roll models only) the run also records, every `--gap-every` steps, the
+paired gap log q(x) - K(x) of the weights being kept, on the training loop's held-out points (the
+first eval_size of them, one draw per step), against the seconds of training so far (the time
+spent on these evaluations excluded); results/bench_toys_time_to_gap.json keeps the curve beside the
+peer figures the swiss-roll chapter quotes. It does not replace the stored model.
 """
 import argparse, json, math, os, subprocess, sys, time, datetime
 from pathlib import Path
@@ -23,6 +30,53 @@ TARGETS = {
                   'factorised kernel); valid samples >= 99%; training < 600 s; 10,000 samples < 30 s'),
     'heartbeat_mlp': "report the paper's model (App. D.1.2 MLP)",
 }
+
+
+PEERS = ("peer figures quoted by the swiss-roll chapter: the paper's K = 2.35 bits on a roll of unstated "
+         "thickness (Table 1); no port reports a paired gap to the true log-likelihood")
+
+
+def gap_curve(name, seed, threads, device, every):
+    "Train `name` once, recording (training seconds, paired gap) every `every` steps; return the record."
+    import torch
+    torch.set_num_threads(threads)
+    os.environ.pop('DPM_SMALL', None)
+    from dpm import training
+    from dpm.cli import get_experiment
+    from dpm.diffusion import LN2
+    from dpm.swiss_roll import true_log_likelihood
+    exp = get_experiment(name)
+    out = ROOT / 'runs' / 'bench' / f'{name}-time-to-gap'
+    for f in ('checkpoint.pt', 'model.pt'):                        # always a fresh, timed run
+        if (out / f).exists(): (out / f).unlink()
+    overrides = {'eval_every': every}
+    cfg = exp.resolve(overrides)
+    curve, spent, true = [], [0.0], {}
+    plain_eval = training._held_out_eval
+
+    def eval_and_gap(state, heldout, seed_):
+        t0 = time.perf_counter()
+        k = plain_eval(state, heldout, seed_)
+        m = state.model if state.ema is None else state.ema.module
+        if 'll' not in true: true['ll'] = true_log_likelihood(heldout.cpu(), cfg['noise'])
+        with torch.random.fork_rng(), torch.no_grad():
+            torch.manual_seed(seed_ + 1)
+            gap = true['ll'] - m['diffusion'].bound(m['reverse'], heldout).double().cpu()
+        curve.append(dict(step=state.step, train_seconds=state.train_seconds - spent[0],
+                          gap_bits=gap.mean().item() / LN2,
+                          gap_bits_se=gap.std().item() / math.sqrt(len(gap)) / LN2, n=len(gap)))
+        spent[0] += time.perf_counter() - t0
+        return k
+
+    training._held_out_eval = eval_and_gap
+    d, reverse, info = training.run(exp, out, overrides, seed=seed, device=device, progress=False)
+    final = exp.evaluate(d, reverse, {**cfg, 'seed': seed}, exp.data(cfg, seed)[1])
+    curve.append(dict(step=info['steps'], train_seconds=info['train_seconds'] - spent[0],
+                      gap_bits=final['gap_bits'], gap_bits_se=final['gap_bits_se'],
+                      n=final['n_heldout'], final=True))
+    return dict(experiment=name, seed=seed, threads=threads, curve=curve, peers=PEERS,
+                config=cfg, machine=training.machine(),
+                command=f'python bench/bench_toys.py {name} --time-to-gap --seed {seed} --threads {threads}')
 
 
 def one(name, seed, threads, device, reuse=False):
@@ -73,9 +127,28 @@ def main():
     p.add_argument('--threads', type=int, default=2, help='torch threads (the targets are for a 2-core CPU)')
     p.add_argument('--device', default='cpu')
     p.add_argument('--reuse', action='store_true', help='evaluate the models stored in results/models/ instead of training')
+    p.add_argument('--time-to-gap', action='store_true',
+                   help='swiss roll: record the paired gap against training seconds (a curve)')
+    p.add_argument('--gap-every', type=int, default=1000, help='steps between points of the curve')
     p.add_argument('--one', action='store_true', help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one: return one(a.names[0], a.seed, a.threads, a.device, a.reuse)
+    if a.time_to_gap:
+        bad = [n for n in a.names if not n.startswith('swiss_roll')]
+        if bad or a.names == list(NAMES):
+            sys.exit('--time-to-gap needs swiss roll experiments named explicitly, e.g. swiss_roll')
+        path, curves = ROOT / 'results' / 'bench_toys_time_to_gap.json', {}
+        for name in a.names:
+            rec = gap_curve(name, a.seed, a.threads, a.device, a.gap_every)
+            curves[name] = rec
+            print(f"== {name}: training seconds -> paired gap (bits)")
+            for c in rec['curve']:
+                print(f"{c['train_seconds']:8.1f} s  step {c['step']:6d}  gap {c['gap_bits']:.3f} "
+                      f"± {c['gap_bits_se']:.3f}  (n = {c['n']}{', final evaluation' if c.get('final') else ''})")
+            print(rec['peers'])
+        old = json.loads(path.read_text()) if path.exists() else {}
+        path.write_text(json.dumps({**old, **curves}, indent=2, default=float) + '\n')
+        return print(f'written to {path}')
     path = ROOT / 'results' / 'bench_toys.json'
     done = {}
     for name in a.names:

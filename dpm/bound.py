@@ -9,6 +9,7 @@ import torch
 from fastcore.basics import patch
 from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps,
                            LOG_2PI, bernoulli_log_prob)
+from .reverse import PerStepLinear, BumpLinear
 
 # %% ../nbs/02_bound.ipynb #33c1da2b
 def reverse_step(d: Diffusion, reverse, xt, t):
@@ -82,10 +83,18 @@ def prior_term(d: Diffusion, x0):
     q_T = d.marginal(x0, T)                                        # $q(x_T | x_0)$
     return -d.kl(q_T, d.stationary(x0))
 
-def kl_terms(d: Diffusion, reverse, x0, t, noise=None):
+def _reverse_by_step(reverse, xt, t, runs: int = 1):
+    "reverse(xt, t), called once per run of one step when its readout is formed once per step."
+    if runs == 1 or not isinstance(getattr(reverse, 'readout', None), (PerStepLinear, BumpLinear)):
+        return reverse(xt, t)
+    outs = [reverse(x, s) for x, s in zip(xt.chunk(runs), t.chunk(runs))]   # equal runs
+    return tuple(map(torch.cat, zip(*outs))) if isinstance(outs[0], tuple) else torch.cat(outs)
+
+def kl_terms(d: Diffusion, reverse, x0, t, noise=None, runs: int = 1):
     "$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, steps t >= 2, one $x_t$ each (eq-k-general)."
     xt = d.draw(d.marginal(x0, t), noise)                          # $x_t \sim q(x_t | x_0)$
-    return d.kl(d.posterior(x0, xt, t), d.check_reverse(reverse(xt, t), xt))
+    p = d.check_reverse(_reverse_by_step(reverse, xt, t, runs), xt)
+    return d.kl(d.posterior(x0, xt, t), p)
 
 # %% ../nbs/02_bound.ipynb #63f068e1
 @patch
@@ -100,7 +109,8 @@ def bound_terms(self: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1
         for ts in torch.arange(2, T + 1, device=x0.device).split(per_chunk):
             k = len(ts)
             x0r = x0.repeat(k, *([1] * (x0.ndim - 1)))
-            kls[:, ts - 2] += kl_terms(self, reverse, x0r, ts.repeat_interleave(B)).view(k, B).T
+            kls[:, ts - 2] += kl_terms(self, reverse, x0r, ts.repeat_interleave(B), runs=k)\
+                                   .view(k, B).T
     return prior_term(self, x0), first_step_term(self, x0), kls / n_samples
 
 @patch

@@ -41,20 +41,41 @@ def sample_swiss_roll(n: int, noise: float = NOISE, generator=None) -> torch.Ten
     return ((x - centre) / c).float()
 
 # %% ../nbs/07_swiss_roll.ipynb #bd2eaeb1
-def true_log_likelihood(x, noise: float = NOISE, m: int = 40_000, batch: int = 500) -> torch.Tensor:
-    "log q(x) in nats per point by midpoint quadrature over u (eq-sr-true), float64."
+def _quadrature_nodes(m: int) -> torch.Tensor:
+    "Midpoints u_k of m equal intervals of [U_MIN, U_MAX] (eq-sr-true), float64."
+    return U_MIN + (U_MAX - U_MIN) * (torch.arange(m, dtype=torch.float64) + 0.5) / m
+
+def _block_radii(u, c, b: int) -> torch.Tensor:
+    "R_j of eq-sr-prune for blocks of b consecutive nodes u (increasing)."
+    first, last = u[::b], torch.cat([u[b - 1::b], u[-1:]])[:len(u[::b])]
+    # $R_j = (u_{j,b}-u_{j,1})\sqrt{1+u_{j,b}^2}/c$
+    return (last - first) * (1 + last ** 2).sqrt() / c
+
+def _log_sum_near(xb, blocks, anchors, radii, s2, cut):
+    "log sum_k N-kernel exponents over the blocks that can matter (eq-sr-prune), per point."
+    dist = torch.cdist(xb, anchors)                                   # $\|\mathbf x-\mathbf a_j\|$
+    # keep block j unless $(\|\mathbf x-\mathbf a_j\|-R_j)_+^2 > D^2 + 2s^2C$
+    keep = (dist - radii).clamp(min=0) ** 2 <= dist.min(1, keepdim=True).values ** 2 + 2 * s2 * cut
+    i, j = keep.nonzero(as_tuple=True)                                # (point, block) pairs
+    # $\log\sum_{k\in j}\exp(-\|\mathbf x-\boldsymbol\gamma(u_k)\|^2/2s^2)$ per pair
+    lse = torch.logsumexp(-0.5 * ((xb[i, None, :] - blocks[j]) ** 2).sum(-1) / s2, 1)
+    top = xb.new_full((len(xb),), -math.inf).scatter_reduce(0, i, lse, 'amax')
+    return top + xb.new_zeros(len(xb)).index_add(0, i, (lse - top[i]).exp()).log()
+
+# %% ../nbs/07_swiss_roll.ipynb #512e818d
+def true_log_likelihood(x, noise: float = NOISE, m: int = 40_000, batch: int = 1024,
+                        cut: float = 40.0) -> torch.Tensor:
+    "log q(x) in nats per point by midpoint quadrature over u (eq-sr-true, eq-sr-prune), float64."
     if noise <= 0: raise ValueError("the roll without noise has no density in 2-D; use noise > 0")
     centre, c = roll_moments(noise)
-    u = U_MIN + (U_MAX - U_MIN) * (torch.arange(m, dtype=torch.float64) + 0.5) / m
+    u, b = _quadrature_nodes(m), max(1, math.isqrt(m) // 2)               # b nodes per block
     # $\boldsymbol\gamma(u_k) = (\mathbf r(u_k)-\mathbf m)/c,\quad s^2 = \sigma^2/c^2$
     gamma, s2 = (roll_curve(u) - centre) / c, (noise / c) ** 2
-    out = []
-    for xb in x.double().split(batch):
-        # $\|\mathbf x - \boldsymbol\gamma(u_k)\|^2$ for every point and node
-        d2 = ((xb[:, None, :] - gamma[None]) ** 2).sum(-1)
-        # $\log\frac1M\sum_k\mathcal N(\mathbf x;\ \boldsymbol\gamma(u_k),\ s^2\mathbf I)$
-        out.append(torch.logsumexp(-0.5 * d2 / s2, 1) - math.log(m) - math.log(2 * math.pi * s2))
-    return torch.cat(out)
+    pad = gamma.new_full((-m % b, 2), math.inf)                       # fill the last block
+    blocks, radii = torch.cat([gamma, pad]).view(-1, b, 2), _block_radii(u, c, b)
+    # $\log\frac1M\sum_k\mathcal N(\mathbf x;\ \boldsymbol\gamma(u_k),\ s^2\mathbf I)$
+    return torch.cat([_log_sum_near(xb, blocks, gamma[::b], radii, s2, cut)
+                      for xb in x.double().split(batch)]) - math.log(m) - math.log(2 * math.pi * s2)
 
 # %% ../nbs/07_swiss_roll.ipynb #da384f54
 def geometric_schedule(T: int, beta_1: float, learn: bool = True,

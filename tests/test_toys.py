@@ -126,3 +126,49 @@ def test_heartbeat_phase_entropy_and_ceiling():
     assert abs(ceiling_gap_bits(b) - 0.03) < 1e-9 and ceiling_gap_bits(1 / 2000) > 0.03
     with pytest.raises(ValueError): phase_entropy_bits(0.0)
     with pytest.raises(ValueError): beta_1_for_gap(-1)
+
+
+def test_pruned_quadrature_equals_the_sum_over_every_node():
+    "eq-sr-prune leaves out only terms below e^-40 of the largest: the same log q to 1e-12."
+    from dpm.swiss_roll import roll_moments, roll_curve, _quadrature_nodes
+    g = torch.Generator().manual_seed(4)
+    for noise, m in ((0.02, 4000), (0.3, 1000), (2.0, 999)):        # m not a multiple of the block
+        x = torch.cat([sample_swiss_roll(100, noise, g), 3 * torch.randn(30, 2, generator=g)])
+        centre, c = roll_moments(noise)
+        gamma, s2 = (roll_curve(_quadrature_nodes(m)) - centre) / c, (noise / c) ** 2
+        every = torch.logsumexp(-0.5 * ((x.double()[:, None] - gamma) ** 2).sum(-1) / s2, 1) \
+                - math.log(m) - math.log(2 * math.pi * s2)
+        rel = (sr_ll(x, noise, m=m, batch=37) - every).abs() / every.abs().clamp(min=1)
+        assert rel.max() < 1e-12, (noise, rel.max())
+
+
+def test_optimal_heartbeat_kernel_matches_its_definition():
+    "eq-hb-oracle-fast against eq-hb-oracle (five marginals, five posteriors), every step."
+    from dpm.heartbeat import OptimalReverse
+    from dpm.reverse import PROB_EPS
+    d = diffusion(50)
+    oracle = OptimalReverse(d, heartbeats())
+    g = torch.Generator().manual_seed(6)
+    t = torch.randint(1, 51, (3000,), generator=g)
+    xt = d.draw(d.marginal(sample_heartbeats(3000, g), t), torch.rand(3000, 20, generator=g))
+    x0s = [phi.expand_as(xt) for phi in heartbeats()]
+    w = torch.softmax(torch.stack([d.log_prob(xt, d.marginal(x0, t)) for x0 in x0s], 1), 1)
+    direct = (w[..., None] * torch.stack([d.posterior(x0, xt, t) for x0 in x0s], 1)).sum(1)
+    assert torch.allclose(oracle(xt, t), direct.clamp(PROB_EPS, 1 - PROB_EPS), atol=1e-5)
+    with pytest.raises(ValueError, match='binary'): OptimalReverse(d, 0.5 * heartbeats())
+
+
+def test_bound_by_step_runs_gives_the_same_terms():
+    "The bound's per-step calls of a bump/per-step readout change no number (same draws)."
+    from dpm.bound import kl_terms
+    torch.manual_seed(0)
+    d = diffusion(30)
+    for net in (HeartbeatReverse(d, 20, 16, 3, 'bumps', 4), MLPReverse(
+            GaussianDiffusion(geometric_schedule(30, 1e-3)), 2, 16, 2, readout='per_step')):
+        dd = net.diffusion
+        x0 = sample_heartbeats(40) if dd is d else torch.randn(40, 2)
+        x0r, ts = x0.repeat(29, 1), torch.arange(2, 31).repeat_interleave(40)
+        noise = torch.rand_like(x0r) if dd is d else torch.randn_like(x0r)
+        with torch.no_grad():
+            a, b = kl_terms(dd, net, x0r, ts, noise), kl_terms(dd, net, x0r, ts, noise, runs=29)
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
