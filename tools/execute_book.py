@@ -46,7 +46,7 @@ import nbdev_directives  # noqa: E402  (tools/, the book's own Sphinx extension)
 # What a chapter's outputs depend on besides its code cells: files or folders, relative to the root.
 STAMP_INPUTS = ['dpm', 'results', 'tools/figure_fonts.py', 'tools/nbdev_directives.py',
                 'tools/requirements.lock', 'settings.ini']
-SKIP_PARTS = {'__pycache__', '.ipynb_checkpoints'}
+SKIP_PARTS = {'__pycache__', '.ipynb_checkpoints', 'screenshots'}   # screenshots: of the book
 BUDGETS = ROOT / 'tools' / 'book_budgets.tsv'
 COMPLETE = '.complete'          # written into a records folder once its chapter ran to the end
 
