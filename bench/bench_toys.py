@@ -36,7 +36,7 @@ PEERS = ("peer figures quoted by the swiss-roll chapter: the paper's K = 2.35 bi
          "thickness (Table 1); no port reports a paired gap to the true log-likelihood")
 
 
-def gap_curve(name, seed, threads, device, every):
+def gap_curve(name, seed, threads, device, every, sets=None):
     "Train `name` once, recording (training seconds, paired gap) every `every` steps; return the record."
     import torch
     torch.set_num_threads(threads)
@@ -49,7 +49,7 @@ def gap_curve(name, seed, threads, device, every):
     out = ROOT / 'runs' / 'bench' / f'{name}-time-to-gap'
     for f in ('checkpoint.pt', 'model.pt'):                        # always a fresh, timed run
         if (out / f).exists(): (out / f).unlink()
-    overrides = {'eval_every': every}
+    overrides = {**(sets or {}), 'eval_every': every}
     cfg = exp.resolve(overrides)
     curve, spent, true = [], [0.0], {}
     plain_eval = training._held_out_eval
@@ -76,7 +76,8 @@ def gap_curve(name, seed, threads, device, every):
                       n=final['n_heldout'], final=True))
     return dict(experiment=name, seed=seed, threads=threads, curve=curve, peers=PEERS,
                 config=cfg, machine=training.machine(),
-                command=f'python bench/bench_toys.py {name} --time-to-gap --seed {seed} --threads {threads}')
+                command=f'python bench/bench_toys.py {name} --time-to-gap --seed {seed} --threads {threads}'
+                        + ''.join(f' --set {k}={json.dumps(v)}' for k, v in (sets or {}).items()))
 
 
 def one(name, seed, threads, device, reuse=False):
@@ -130,6 +131,8 @@ def main():
     p.add_argument('--time-to-gap', action='store_true',
                    help='swiss roll: record the paired gap against training seconds (a curve)')
     p.add_argument('--gap-every', type=int, default=1000, help='steps between points of the curve')
+    p.add_argument('--set', action='append', default=[], metavar='KEY=VALUE',
+                   help='--time-to-gap: a configuration override (JSON value), e.g. --set steps=28000')
     p.add_argument('--one', action='store_true', help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.one: return one(a.names[0], a.seed, a.threads, a.device, a.reuse)
@@ -139,8 +142,9 @@ def main():
             sys.exit('--time-to-gap needs swiss roll experiments named explicitly, e.g. swiss_roll')
         path, curves = ROOT / 'results' / 'bench_toys_time_to_gap.json', {}
         for name in a.names:
-            rec = gap_curve(name, a.seed, a.threads, a.device, a.gap_every)
-            curves[name] = rec
+            sets = {k: json.loads(v) for k, v in (kv.split('=', 1) for kv in a.set)}
+            rec = gap_curve(name, a.seed, a.threads, a.device, a.gap_every, sets)
+            curves[name + ''.join(f',{k}={v}' for k, v in sets.items())] = rec
             print(f"== {name}: training seconds -> paired gap (bits)")
             for c in rec['curve']:
                 print(f"{c['train_seconds']:8.1f} s  step {c['step']:6d}  gap {c['gap_bits']:.3f} "
