@@ -9,6 +9,8 @@ of its own and run outside the checkout at full scale, `dpm sample` (with or wit
 its --out directory) and the chapters' `train_or_load` use them without training.
 """
 import fnmatch
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -145,6 +147,22 @@ def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
         assert (out / 'samples.pt').stat().st_size > 0 and (out / 'samples.png').stat().st_size > 0
         assert not (out / 'checkpoint.pt').exists() and not (out / 'training.json').exists()
         assert (out / 'model.pt').exists() == own                  # the shipped model is not copied
+
+
+def test_installed_cli_evaluates_the_shipped_heartbeat(installed, tmp_path):
+    """`dpm evaluate heartbeat` from the installed wheel, outside the checkout, at full scale: the
+    shipped model is evaluated (about 45 s on one thread), nothing is trained, the record is written."""
+    wheel, site, env = installed
+    out = tmp_path / 'hb'
+    r = subprocess.run([str(site / 'bin' / 'dpm'), 'evaluate', 'heartbeat', '--out', str(out),
+                        '--device', 'cpu'], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f'dpm evaluate heartbeat:\n{r.stdout}\n{r.stderr}'
+    assert 'using the model shipped with dpm' in r.stderr, r.stderr
+    record = json.loads((out / 'record.json').read_text())
+    assert record['experiment'] == 'heartbeat' and math.isfinite(record['numbers']['K_bits'])
+    assert all((out / f).stat().st_size > 0 for f in record['figures'])
+    assert not (out / 'model.pt').exists() and not (out / 'checkpoint.pt').exists()
 
 
 def test_installed_train_or_load_reuses_the_shipped_model(installed, tmp_path):
