@@ -322,7 +322,7 @@ def marginal(self: GaussianDiffusion, x0, t):
 
 # %% ../nbs/01_diffusion.ipynb #08f45532
 @patch
-def _posterior_coefs(self: GaussianDiffusion):
+def posterior_coefficients(self: GaussianDiffusion):
     "Vectors over t = 1..T of eq-gauss-posterior: (coef_0, coef_t, variance)."
     beta, alpha_bar, one_minus = self.betas, self.alphas_bar(), self.one_minus_alphas_bar()
     # vectors over t = 1..T: $\bar\alpha_{t-1}$, $1-\bar\alpha_{t-1}$, $1-\bar\alpha_t$
@@ -337,7 +337,7 @@ def _posterior_coefs(self: GaussianDiffusion):
 @patch
 def posterior(self: GaussianDiffusion, x0, xt, t):
     "Mean and variance of $q(x_{t-1} | x_t, x_0)$ (eq-gauss-posterior)."
-    coef_0, coef_t, var = self._table('posterior', self._posterior_coefs)
+    coef_0, coef_t, var = self._table('posterior', self.posterior_coefficients)
     i = t - 1
     # $\tilde\mu_t$ = coef_0 x_0 + coef_t x_t
     mean = per_step(coef_0, i, x0) * x0 + per_step(coef_t, i, x0) * xt

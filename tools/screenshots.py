@@ -6,20 +6,15 @@
 Each page of _build/html (e.g. `nbs/13_mnist.html#samples` or `nbs/16_results.html@2400`) is opened
 with the network blocked, scrolled to the anchor (or to SCROLL pixels), and saved as
 results/screenshots/<page>_<SUFFIX>.png (1100 x 1400 px), so the small and the full build can be
-looked at side by side. Chromium is found as tests/test_browser.py finds it (DPM_CHROMIUM first).
+looked at side by side. Chromium is the one tests/test_browser.py uses (DPM_CHROMIUM first).
 """
-import os, shutil, sys
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / 'tests'))
+from test_browser import chromium      # noqa: E402  (Debian's Chromium, or DPM_CHROMIUM)
 HTML, OUT = ROOT / '_build' / 'html', ROOT / 'results' / 'screenshots'
-
-
-def chromium():
-    for c in (os.environ.get('DPM_CHROMIUM'), '/usr/lib/chromium/chromium', 'chromium',
-              'chromium-browser', 'google-chrome'):
-        if c and (Path(c).is_file() or shutil.which(c)): return shutil.which(c) or c
-    return None
 
 
 def shoot(page, suffix: str, spec: str) -> Path:
