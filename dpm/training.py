@@ -777,8 +777,8 @@ def _step(state: _RunState, objective, batch: tuple, cfg: TrainConfig, t_start: 
         state.opt.zero_grad(set_to_none=True); loss.backward()  # DDP: gradients averaged
     elapsed = time.perf_counter() - t_start
     loss, stop = _agree(loss, cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes)
-    failed = ~torch.isfinite(loss) if checks.failed() is None else (
-        ~torch.isfinite(loss) | checks.failed())
+    failed, checked = ~torch.isfinite(loss), checks.failed()
+    if checked is not None: failed = failed | checked
     _receive(state)                              # the previous step, while this one runs
     state.pending = _send(state.step, loss, failed, checks)
     on_device = state.opt.defaults.get('fused') and world()[1] == 1
