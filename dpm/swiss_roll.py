@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['U_MIN', 'U_MAX', 'NOISE', 'SWISS_ROLL', 'SWISS_ROLL_RBF', 'SWISS_ROLL_THIN', 'SWISS_ROLL_LONG', 'roll_curve',
            'roll_moments', 'sample_swiss_roll', 'true_log_likelihood', 'geometric_schedule', 'default_beta_1',
-           'trained_model', 'plot_figure1', 'draw_reverse_step']
+           'trained_model', 'reverse_kernel_moments', 'gaussian_kernel_floor', 'plot_figure1', 'draw_reverse_step']
 
 # %% ../nbs/07_swiss_roll.ipynb #b2c67ca0
 import math, time
@@ -181,6 +181,61 @@ def trained_model(name: str = 'swiss_roll', seed: int = 0, device=None, progress
                                   SWISS_ROLL_LONG)}[name]
     d, reverse, info, cfg = train_or_load(exp, seed=seed, device=device, progress=progress)
     return d, reverse
+
+# %% ../nbs/07_swiss_roll.ipynb #16cbc4c5
+def _roll_nodes(noise: float, m: int):
+    "The scaled curve gamma(u_k) at m midpoints and the thickness s^2 (eq-sr-true)."
+    centre, c = roll_moments(noise)
+    return (roll_curve(_quadrature_nodes(m)) - centre) / c, ((noise / c) ** 2).item()
+
+@torch.no_grad()
+def reverse_kernel_moments(d, xt, t: int, noise: float = NOISE, m: int = 1000):
+    """Mean (n, 2) and covariance (n, 2, 2) of the exact reverse step q(x_{t-1}|x_t) of the roll,
+    the mixture eq-sr-reverse-mix, by eq-sr-reverse-moments (float64, m curve nodes)."""
+    gamma, s2 = _roll_nodes(noise, m)
+    alpha_bar = d.alphas_bar().detach().double().cpu()               # $\bar\alpha_0 = 1$ first
+    ab, ab_prev = alpha_bar[t], alpha_bar[t - 1]
+    beta = 1 - ab / ab_prev
+    # $v_t = \bar\alpha_t s^2 + 1 - \bar\alpha_t$
+    v, v_prev = ab * s2 + 1 - ab, ab_prev * s2 + 1 - ab_prev
+    xt = xt.double().cpu()
+    # $w(u_k|\mathbf x_t) \propto \mathcal N(\mathbf x_t;\ \sqrt{\bar\alpha_t}\gamma(u_k), v_t)$
+    w = torch.softmax(-torch.cdist(xt, ab.sqrt() * gamma) ** 2 / (2 * v), 1)
+    mean_g, second = w @ gamma, (w @ (gamma[:, :, None] * gamma[:, None, :]).flatten(1))
+    cov_g = second.view(-1, 2, 2) - mean_g[:, :, None] * mean_g[:, None, :]
+    # $s_t^2 = \beta_t v_{t-1}/v_t$
+    s2_t = beta * v_prev / v
+    # $a_t = s_t^2\sqrt{\bar\alpha_{t-1}}/v_{t-1},\ b_t = s_t^2\sqrt{1-\beta_t}/\beta_t$
+    a, b = s2_t * ab_prev.sqrt() / v_prev, s2_t * (1 - beta).sqrt() / beta
+    return a * mean_g + b * xt, s2_t * torch.eye(2, dtype=torch.float64) + a ** 2 * cov_g
+
+# %% ../nbs/07_swiss_roll.ipynb #130ab369
+@torch.no_grad()
+def gaussian_kernel_floor(d, noise: float = NOISE, n: int = 1000, m: int = 1000, seed: int = 0,
+                          log_q=None) -> dict:
+    """The least expected gap E[log q - K] of Gaussian reverse kernels on d's schedule
+    (eq-sr-floor), in bits with Monte Carlo SEs, for full and for diagonal covariances.
+    log_q: true log-likelihoods (nats) of fresh roll points for E log q(x0) (default: 20,000)."""
+    g = torch.Generator().manual_seed(seed)
+    if log_q is None: log_q = true_log_likelihood(sample_swiss_roll(20_000, noise, g), noise)
+    alpha_bar, betas = d.alphas_bar().detach().double().cpu(), d.betas.detach().double().cpu()
+    full, diag = torch.zeros(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    for t in range(2, d.T + 1):
+        x0 = sample_swiss_roll(n, noise, g).double()
+        eps = torch.randn(n, 2, generator=g, dtype=torch.float64)
+        cov = reverse_kernel_moments(d, alpha_bar[t].sqrt() * x0 + (1 - alpha_bar[t]).sqrt() * eps,
+                                     t, noise, m)[1]
+        forward = math.log(2 * math.pi * math.e * betas[t - 1])       # $\log(2\pi e\beta_t)$
+        full += 0.5 * torch.logdet(2 * math.pi * math.e * cov) - forward
+        variances = cov.diagonal(dim1=1, dim2=2)
+        diag += 0.5 * torch.log(2 * math.pi * math.e * variances).sum(1) - forward
+    # $\mathbb E\log q(\mathbf x^{(0)}) + \log 2\pi + 1$
+    base, var_base = log_q.mean() + math.log(2 * math.pi) + 1, log_q.var() / len(log_q)
+    out = {}
+    for name, steps in (('full', full), ('diagonal', diag)):
+        out[f'{name}_bits'] = (base + steps.mean()).item() / LN2
+        out[f'{name}_bits_se'] = (var_base + steps.var() / n).sqrt().item() / LN2
+    return out
 
 # %% ../nbs/07_swiss_roll.ipynb #82b892d1
 @torch.no_grad()
