@@ -223,6 +223,7 @@ def _build(cfg):
 def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general) beside the baselines of eq-base-paired, K - L_null, ceiling: bits/pixel."
     dev, seed = d.device, cfg.get('seed', 0)
+    reverse.to(memory_format=torch.channels_last)    # the same convolutions, faster on a CPU
     x = heldout[:cfg['n_eval']].to(dev)
     train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()
