@@ -132,6 +132,10 @@ def main():
         pair("  of it: channels-last alone (network, chunk 2^16)",
              lambda: paired_bounds(d2, dict(network=rev2), x2, 1, cfg2['eval_batch']),
              lambda: paired_bounds(d2, dict(network=fast2), x2, 1, cfg2['eval_batch']), kdiff)
+    gen = lambda work: lambda: dl.dead_leaves_levels(
+        2000, 64, generator=torch.Generator().manual_seed(1), work=work)
+    pair("dead leaves generator, 2,000 images of 64x64 (tests of the whole batch -> 2^20)",
+         gen(2 ** 40), gen(None), lambda a, b: (a != b).sum().item())
     train = mn.unit_images('train')
     pair("MNIST k-means, 500 centroids of 50,000 digits, 20 iterations",
          lambda: kmeans_plain(train, 500), lambda: kmeans_pruned(train, 500),
