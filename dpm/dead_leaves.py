@@ -98,7 +98,8 @@ def _compact(pix, idx, live):
     return pix, torch.gather(idx, 1, keep), torch.gather(live, 1, keep)
 
 # %% ../nbs/11_dead_leaves.ipynb #383bed04
-def _fill(img, grid, S: int, r_min, r_max, levels, generator, dev, budget: int, matmul: bool):
+def _fill(img, grid, S: int, r_min, r_max, levels, generator, dev, budget: int, matmul: bool,
+          work: int):
     "Cover the B images img (B, S*S) round by round with disks of eq-dl-window (eq-dl-first)."
     B = len(img)
     pix = grid.expand(B, -1, -1)                                   # uncovered pixels (B, M, 2)
@@ -108,7 +109,10 @@ def _fill(img, grid, S: int, r_min, r_max, levels, generator, dev, budget: int, 
         M = pix.shape[1]
         K = max(16, min(4096, budget // (B * M)))                  # disks per image this round
         r, c, k = _disks(B, K, S, r_min, r_max, levels, generator, dev)
-        live = _paint(img, idx, live, _covers(pix, r, c, matmul), k)
+        step = max(1, work // (M * K))                             # images tested at once
+        live = torch.cat([_paint(img[s:s + step], idx[s:s + step], live[s:s + step],
+                                 _covers(pix[s:s + step], r[s:s + step], c[s:s + step], matmul),
+                                 k[s:s + step]) for s in range(0, B, step)])
         pix, idx, live = _compact(pix, idx, live)
 
 # %% ../nbs/11_dead_leaves.ipynb #a0066e57
@@ -121,7 +125,8 @@ def dead_leaves_levels(n: int,                  # number of images
                        device=None,             # where to generate (default: CPU)
                        batch: int = None,       # images generated together
                        budget: int = None,      # pixel-disk tests per round
-                       matmul: bool = None):    # distances by one matmul (CPU) or by broadcasting
+                       matmul: bool = None,     # distances by one matmul (CPU) or by broadcasting
+                       work: int = None):       # pixel-disk tests held at once
     "n dead leaves images of grey levels 0..levels-1 (eq-dl-first): (n, size, size) int16."
     check_leaves(size, r_min, r_max, levels)
     dev, S = torch.device(device or 'cpu'), int(size)
@@ -129,13 +134,14 @@ def dead_leaves_levels(n: int,                  # number of images
         raise ValueError(f"dpm: the generator lives on {generator.device}, the images on {dev}")
     gpu = dev.type == 'cuda'
     batch, budget = batch or (4096 if gpu else 256), budget or (2 ** 26 if gpu else 2 ** 22)
+    work = work or (budget if gpu else 2 ** 20)             # GPU: a round's budget at once
     matmul = (not gpu) if matmul is None else matmul        # TF32 matmuls would be too coarse
     out = torch.empty(n, S * S, dtype=torch.int16, device=dev)
     grid = torch.stack(torch.meshgrid(torch.arange(S, device=dev), torch.arange(S, device=dev),
                                       indexing='ij'), -1).reshape(-1, 2).float() + 0.5  # centres
     for s in range(0, n, batch):
         _fill(out[s:s + min(batch, n - s)], grid, S, r_min, r_max, levels, generator, dev, budget,
-              matmul)
+              matmul, work)
     return out.reshape(n, S, S)
 
 # %% ../nbs/11_dead_leaves.ipynb #a8b84f0e
@@ -223,6 +229,7 @@ def _build(cfg):
 def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general) beside the baselines of eq-base-paired, K - L_null, ceiling: bits/pixel."
     dev, seed = d.device, cfg.get('seed', 0)
+    reverse.to(memory_format=torch.channels_last)    # the same convolutions, faster on a CPU
     x = heldout[:cfg['n_eval']].to(dev)
     train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()

@@ -206,15 +206,18 @@ def features(self: ImageReverse, x):
 # %% ../nbs/10_image_network.ipynb #9a8bd921
 @patch
 def raw(self: ImageReverse, xt, t):
-    "(B, C, H, W), t (B,) -> z (B, 2, C, H, W): (z_mu, z_Sigma), float32 (eq-net-readout)."
+    "(B, C, H, W), t (B,) -> z (B, 2, C, H, W): (z_mu, z_Sigma), float32 (eq-net-readout-fold)."
     self._check_images(xt)
     B, (C, H, W) = xt.shape[0], self.event_shape
-    # $\mathbf y_{ic} = \mathbf R\,\mathbf h_{L_1}[i] + \mathbf r$ after the 1x1 layers eq-net-1x1
-    y = self.readout(self.mlp_1x1(self.features(xt))).reshape(B, 2, C, self.J, H, W)
-    g = self.bumps.g[t - 1].to(y.dtype)                          # (B, J): g_j(t)
-    # $z_{ic} = \sum_j y_{icj}\,g_j(t)$
-    z = torch.einsum('bkcjhw,bj->bkchw', y, g)
-    return z.to(torch.promote_types(xt.dtype, torch.float32))   # bf16 autocast -> float32
+    h = self.mlp_1x1(self.features(xt))                          # h_{L_1}, after eq-net-1x1
+    g = self.bumps.g[t - 1].to(h.dtype)                          # (B, J): g_j(t)
+    weight = self.readout.weight.to(h.dtype).reshape(2 * C, self.J, -1)    # R: (2C, J, F)
+    bias = self.readout.bias.to(h.dtype).reshape(2 * C, self.J)            # r: (2C, J)
+    # $\sum_j g_j(t)\,\mathbf R_{kcj}$ and $\sum_j g_j(t)\,r_{kcj}$, per example
+    R_t, r_t = torch.einsum('ojf,bj->bof', weight, g), g @ bias.T
+    # $z^k_{ic} = (\sum_j g_j\mathbf R_{kcj})\,\mathbf h_{L_1}[i] + \sum_j g_j r_{kcj}$
+    z = torch.baddbmm(r_t[..., None], R_t, h.reshape(B, h.shape[1], H * W))
+    return z.reshape(B, 2, C, H, W).to(torch.promote_types(xt.dtype, torch.float32))
 
 # %% ../nbs/10_image_network.ipynb #e6211f08
 @patch

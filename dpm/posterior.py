@@ -173,9 +173,9 @@ class BitProbabilities(Observation):
         if not isinstance(d, BinomialDiffusion):
             raise TypeError("bit probabilities need a BinomialDiffusion")
         if w == 0: return prob
-        r1 = self._on(prob)
+        y = self.y.to(prob.dtype)                    # once per bit, then broadcast to the chains
         # $r(x_i{=}1)^w = d_i^w$, $r(x_i{=}0)^w = (1-d_i)^w$
-        r1, r0 = r1 ** w, (1 - r1) ** w
+        r1, r0 = self._on(prob, y ** w), self._on(prob, (1 - y) ** w)
         # $c_i d_i$ and $c_i d_i + (1-c_i)(1-d_i)$
         num, den = prob * r1, prob * r1 + (1 - prob) * r0
         product = num / den.clamp_min(torch.finfo(den.dtype).tiny)    # eq-post-binom
