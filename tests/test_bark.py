@@ -19,6 +19,10 @@ def test_data_units_and_record():
     train_k, held_k, paint_k, rec = bark_levels(cfg)
     assert train_k.dtype == torch.uint8 and train_k.shape[1:] == (1, cfg['size'], cfg['size'])
     assert paint_k.shape[-1] == cfg['inpaint_size']
+    from dpm.bark import _levels, inpaint_tiles               # two tiles of each held-out crop
+    crops = _levels('inpaint', 1, cfg['size'], 2 * cfg['inpaint_size'], 0).images
+    assert inpaint_tiles(cfg) == 2 and len(paint_k) == 2 * len(crops)
+    assert len(torch.unique(paint_k.flatten(1), dim=0)) == len(paint_k)    # distinct tiles
     assert rec.stand_in == ('not UIUC bark' in rec.name)
     train, held = _data(cfg, 0)
     assert abs(train.double().mean().item()) < 1e-3 and abs(train.double().var().item() - 1) < 1e-2
@@ -91,7 +95,13 @@ def test_evaluate_and_figures_small(tmp_path):
     ip = res['inpaint']
     assert set(ip) == {'noise', 'harmonic', 'gaussian_mean', 'gaussian_sample', 'diffusion',
                        'diffusion_mean', 'diffusion_noised', 'diffusion_noised_mean',
-                       'gaussian_model_paper', 'gaussian_model_noised'}
+                       'gaussian_model_paper', 'gaussian_model_noised',
+                       'gaussian_model_resampled'}
+    n_fills = res['inpaint_info']['images'] * res['inpaint_info']['samples']
+    for name in ('diffusion', 'diffusion_noised', 'gaussian_model_resampled'):
+        assert ip[name]['fills'] == n_fills                      # a mean over fills, not one draw
+        assert math.isfinite(ip[name]['spectrum_minus_gaussian_se'])
+        assert ip[name]['spectrum_minus_gaussian_se'] > 0
     # grouped standard errors over blocks, and L_null of the held-out patches themselves
     assert 1 < res['n_groups'] <= res['n_heldout']
     m2 = res['heldout_second_moment']
@@ -135,3 +145,45 @@ def test_perfect_gaussian_model_of_the_whole_image():
     assert mean.shape == (2, 1, 12, 12) and (var > 0).all()
     side = int(GAUSS_MODEL_MAX_D ** 0.5) + 1
     with pytest.raises(ValueError, match='GAUSS_MODEL_MAX_D'): stationary_model(d, mu, c, side)
+
+
+def test_fill_holes_is_inpaint_and_batched_is_the_network():
+    from dpm.bark import fill_holes, Batched
+    from dpm.posterior import inpaint
+    cfg = BARK.resolve()
+    d, rev = _build(cfg)
+    _, held = _data(cfg, 0)
+    x, known = held[:3], hole_mask(cfg['size'], cfg['size'] // 2)
+    for recipe in ('paper', 'noised'):
+        torch.manual_seed(1)
+        ref = inpaint(d, rev, x, known.expand_as(x), recipe=recipe)
+        torch.manual_seed(1)
+        assert torch.equal(fill_holes(d, rev, x, known, (recipe,))[recipe], ref)
+    torch.manual_seed(2)
+    out = fill_holes(d, Batched(rev, 2 * cfg['size'] ** 2), x, known, resample=(3, 1, d.T))
+    assert sorted(out) == ['noised', 'paper', 'resampled']
+    assert all(torch.equal(f[..., known], x[..., known]) for f in out.values())
+    with pytest.raises(ValueError, match='noised'): fill_holes(d, rev, x, known, ('paper',), (2, 1, 2))
+    t = torch.randint(2, d.T + 1, (50,))
+    xs = torch.randn(50, 1, cfg['size'], cfg['size'])
+    with torch.no_grad():
+        for a, b in zip(rev(xs, t), Batched(rev, 3 * cfg['size'] ** 2)(xs, t)):
+            assert torch.allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_stationary_model_single_precision_matches_double():
+    from dpm.bark import stationary_model
+    from dpm.posterior import GaussianDataReverse
+    from dpm.diffusion import GaussianDiffusion, GaussianSchedule
+    cfg = BARK.resolve()
+    train, _ = _data(cfg, 0)
+    mu, c = autocovariance(train)
+    d = GaussianDiffusion(GaussianSchedule(10, beta_1=1e-3, learn=False))
+    R = 12
+    grid = torch.stack(torch.meshgrid(torch.arange(R), torch.arange(R), indexing='ij'), -1).reshape(-1, 2)
+    exact = GaussianDataReverse(d, torch.full((R * R,), float(mu)), lag_covariance(c, grid, grid))
+    fast = stationary_model(d, mu, c, R)
+    assert fast.U.dtype == torch.float32
+    x, t = torch.randn(3, 1, R, R, dtype=torch.float64), torch.tensor([2, 5, 10])
+    (m64, v64), (m32, v32) = exact(x, t), fast(x.float(), t)
+    assert ((m32 - m64).abs() / v64.sqrt()).max() < 1e-3 and ((v32 - v64).abs() / v64).max() < 1e-3
