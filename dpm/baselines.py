@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['EVAL_CHUNK', 'fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit', 'fit_eigen',
            'LinearReverse', 'marginal_variances', 'first_step_floor', 'prior_gap', 'floor_bits', 'choose_beta_1',
-           'diagonal_gap', 'diagonal_gap_bits', 'paired_bounds', 'paired', 'grouped_se', 'null_log_prob', 'linear_of',
-           'image_baselines']
+           'diagonal_gap', 'diagonal_gap_bits', 'paired_bounds', 'paired', 'grouped_se', 'null_log_prob', 'by_group',
+           'linear_of', 'image_baselines']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
 import math
@@ -226,6 +226,19 @@ def null_log_prob(x) -> torch.Tensor:
     # $-\tfrac12\big(D\log 2\pi + \|\mathbf x\|^2\big)$
     return -0.5 * (x[0].numel() * math.log(2 * math.pi) + sq)
 
+def by_group(values: dict, groups, D: int) -> list:
+    "Per group: label, size, and each per-image value's mean (nats) in bits per dimension."
+    g = torch.as_tensor(groups).flatten().cpu()
+    if any(len(v) != len(g) for v in values.values()):
+        raise ValueError(f"dpm: {len(g)} group labels for values of lengths "
+                         f"{[len(v) for v in values.values()]}")
+    rows = []
+    for label in torch.unique(g).tolist():
+        m = g == label
+        rows.append(dict(group=label, n=int(m.sum()), **{
+            f'{k}_bits': v.double().cpu()[m].mean().item() / LN2 / D for k, v in values.items()}))
+    return rows
+
 # %% ../nbs/10a_baselines.ipynb #21e7e4ef
 def linear_of(d, reverse, train) -> LinearReverse:
     "A network's own linear path (eq-net-residual) or, if it has none, the linear model of train."
@@ -257,6 +270,8 @@ def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
     out['prior_gap_bits'] = prior_gap(fit, d.alphas_bar()[-1].item()).mean().item() / LN2
     kl_diff = (r['network']['kl_t'] - r['linear']['kl_t']) / LN2 / D    # per step t = 2..T
     out['kl_t_minus_linear_bits'] = kl_diff.tolist()
+    if groups is not None:                                  # who wins where
+        out['by_group'] = by_group(dict(K=k, linear=k_lin, gaussian=g), groups, D)
     out['n_heldout'] = len(x)
     out['n_groups'] = len(x) if groups is None else len(torch.unique(torch.as_tensor(groups)))
     out['heldout_second_moment'] = x.double().pow(2).mean().item()       # E[x^2] per value

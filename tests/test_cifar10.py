@@ -149,3 +149,23 @@ def test_gpu_record_has_what_the_chapter_reads():
     for k in ('mse_sample', 'mse_wiener', 'mse_posterior_mean', 'n_denoise', 'beta_1'):
         assert math.isfinite(num[k]), k
     assert {'steps', 'train_seconds', 'stopped_early'} <= set(rec['training'])
+
+
+def test_book_record_is_the_configured_model_photo_by_photo():
+    """The committed book-scale record: made with the chapter's configuration (T, schedule, network),
+    trained within 30 minutes, and its per-photograph rows add up to its K and Gaussian."""
+    import json
+    from dpm.training import repo_root
+    from dpm.cifar10 import _CONFIG
+    from dpm.data import PHOTOS_TEST
+    rec = json.loads((repo_root() / 'results' / 'cifar10' / 'record.json').read_text())
+    cfg, b = rec['config'], rec['numbers']['baselines']
+    for k in ('T', 'beta_1', 'learn_schedule', 'variant', 'linear_path', 'size', 'conv_channels'):
+        assert cfg[k] == _CONFIG[k], k
+    assert rec['training']['train_seconds'] <= 30 * 60
+    rows = b['by_group']
+    assert [r['group'] for r in rows] == list(range(len(PHOTOS_TEST)))
+    assert sum(r['n'] for r in rows) == b['n_heldout']
+    for key in ('K', 'gaussian', 'linear'):
+        mean = sum(r['n'] * r[f'{key}_bits'] for r in rows) / b['n_heldout']
+        assert mean == pytest.approx(b[f'{key}_bits'], abs=1e-9), key

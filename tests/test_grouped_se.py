@@ -2,7 +2,7 @@
 import math
 import pytest
 import torch
-from dpm.baselines import grouped_se, paired
+from dpm.baselines import grouped_se, paired, by_group
 from dpm.data import load_cifar10, load_bark, PHOTOS_TEST, PHOTOS_TRAIN
 
 
@@ -32,6 +32,18 @@ def test_bad_input():
     with pytest.raises(ValueError, match='at least 2 groups'): grouped_se(torch.ones(5), torch.zeros(5))
     with pytest.raises(ValueError, match='group labels'): grouped_se(torch.ones(5), torch.zeros(4))
     assert paired(torch.ones(4), torch.ones(4), torch.tensor([0, 0, 1, 1])) == (0.0, 0.0)
+
+
+def test_by_group_splits_the_mean():
+    "Group sizes and means: their size-weighted mean is the overall mean; labels must match."
+    gen = torch.Generator().manual_seed(2)
+    a, b = torch.randn(40, generator=gen, dtype=torch.float64), torch.randn(40, generator=gen)
+    g = torch.tensor([3, 1, 1, 7] * 10)
+    rows = by_group(dict(a=a, b=b), g, 4)
+    assert [(r['group'], r['n']) for r in rows] == [(1, 20), (3, 10), (7, 10)]
+    assert sum(r['n'] * r['a_bits'] for r in rows) / 40 == pytest.approx(a.mean().item() / math.log(2) / 4)
+    assert rows[2]['b_bits'] == pytest.approx(b[g == 7].double().mean().item() / math.log(2) / 4)
+    with pytest.raises(ValueError, match='group labels'): by_group(dict(a=a), g[:39], 4)
 
 
 def test_cifar_standin_heldout_tiles():
