@@ -6,7 +6,7 @@ __all__ = ['U_MIN', 'U_MAX', 'NOISE', 'SWISS_ROLL', 'SWISS_ROLL_RBF', 'SWISS_ROL
            'trained_model', 'reverse_kernel_moments', 'gaussian_kernel_floor', 'plot_figure1', 'draw_reverse_step']
 
 # %% ../nbs/07_swiss_roll.ipynb #b2c67ca0
-import math, time
+import functools, math, time
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
 from .reverse import RBFReverse, MLPReverse
@@ -20,15 +20,21 @@ def roll_curve(u):
     "The raw roll r(u) = (u cos u, u sin u), shape (..., 2)."
     return torch.stack([u * torch.cos(u), u * torch.sin(u)], -1)
 
-def roll_moments(noise: float = NOISE, m: int = 200_001):
-    "Centre m and scale c of eq-sr-data (float64)."
-    if not noise >= 0: raise ValueError(f"noise must be non-negative, got {noise}")
+@functools.lru_cache(maxsize=8)
+def _roll_spread(m: int):
+    "The curve's centre and half its mean squared spread by the midpoint rule: once per m."
     u = U_MIN + (U_MAX - U_MIN) * (torch.arange(m, dtype=torch.float64) + 0.5) / m
     r = roll_curve(u)
     # $\mathbf m = \mathbb E_u[\mathbf r(u)]$, by the midpoint rule
     centre = r.mean(0)
+    return centre, ((r - centre) ** 2).sum(1).mean() / 2
+
+def roll_moments(noise: float = NOISE, m: int = 200_001):
+    "Centre m and scale c of eq-sr-data (float64)."
+    if not noise >= 0: raise ValueError(f"noise must be non-negative, got {noise}")
+    centre, half_spread = _roll_spread(m)
     # $c = \big(\tfrac12\mathbb E_u\|\mathbf r(u)-\mathbf m\|^2 + \sigma^2\big)^{1/2}$
-    return centre, (((r - centre) ** 2).sum(1).mean() / 2 + noise ** 2).sqrt()
+    return centre.clone(), (half_spread + noise ** 2).sqrt()
 
 # %% ../nbs/07_swiss_roll.ipynb #b86ba929
 def sample_swiss_roll(n: int, noise: float = NOISE, generator=None) -> torch.Tensor:
