@@ -15,7 +15,7 @@ from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import ImageReverse, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound, repo_root
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
-from .bound import _draw
+from .bound import _draw, _reverse_step
 from .posterior import _recipe, _eigen_steps, GaussianDataReverse
 from .baselines import grouped_se
 
@@ -304,10 +304,7 @@ def _tilted(d, params, blocks: list, M: int, s: int):
 
 def _step(d, model, x, t: int, blocks: list, M: int):
     "Draw x^(t-1) given x^(t) for blocks of M rows, each block with its own observation."
-    ts = torch.full((len(x),), t, dtype=torch.long, device=x.device)
-    # $T_\pi$ at t = 1 (eq-first-step), the model above
-    params = d.kernel(x, ts) if t == 1 else d.check_reverse(model(x, ts), x)
-    return _draw(d, _tilted(d, params, blocks, M, t - 1), None)
+    return _reverse_step(d, model, x, t, lambda p, s: _tilted(d, p, blocks, M, s), None)
 
 
 # %% ../nbs/15_bark.ipynb #7368bd19

@@ -171,16 +171,19 @@ def _draw(d, params, generator):
                                 dtype=like.dtype))
 
 # %% ../nbs/02_bound.ipynb #b54cadff
+def _reverse_step(d: Diffusion, reverse, x, t: int, tilt, generator):
+    "$x_{t-1}$ given $x_t$, every row at step t: $T_\pi$ at t = 1, the model above (eq-first-step)."
+    ts = torch.full((x.shape[0],), t, dtype=torch.long, device=x.device)
+    params = d.kernel(x, ts) if t == 1 else d.check_reverse(reverse(x, ts), x)
+    return _draw(d, tilt(params, t - 1), generator)                # $x_{t-1} \sim p$
+
 def _ancestral(d: Diffusion, reverse, like, generator, return_trajectory, tilt=None):
     "$x_T$, then $x_{t-1}$ for t = T..1 (eq-reverse-trajectory); `tilt(params, t)` may reweight."
     tilt = tilt or (lambda params, t: params)
     x = _draw(d, tilt(d.stationary(like), d.T), generator)          # $x_T \sim \pi$
     trajectory = [x]
     for t in range(d.T, 0, -1):
-        ts = torch.full((like.shape[0],), t, dtype=torch.long, device=like.device)
-        # every row is at step t: $T_\pi$ at t = 1, the model above (eq-first-step)
-        params = d.kernel(x, ts) if t == 1 else d.check_reverse(reverse(x, ts), x)
-        x = _draw(d, tilt(params, t - 1), generator)                # $x_{t-1} \sim p$
+        x = _reverse_step(d, reverse, x, t, tilt, generator)
         if return_trajectory: trajectory.append(x)
     return torch.stack(trajectory[::-1], 1) if return_trajectory else x
 
