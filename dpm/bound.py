@@ -172,7 +172,7 @@ def _draw(d, params, generator):
 
 # %% ../nbs/02_bound.ipynb #b54cadff
 def _reverse_step(d: Diffusion, reverse, x, t: int, tilt, generator):
-    "$x_{t-1}$ given $x_t$, every row at step t: $T_\\pi$ at t = 1, the model above (eq-first-step)."
+    "$x_{t-1}$ given $x_t$, all rows at step t: $T_\\pi$ at t = 1, else the model (eq-first-step)."
     ts = torch.full((x.shape[0],), t, dtype=torch.long, device=x.device)
     params = d.kernel(x, ts) if t == 1 else d.check_reverse(reverse(x, ts), x)
     return _draw(d, tilt(params, t - 1), generator)                # $x_{t-1} \sim p$
