@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['FLOAT32_TINY', 'LN2', 'GAUSS_L_NULL_BITS', 'LOG_2PI', 'check_betas', 'DeferredChecks', 'deferred_checks', 'fail_if',
            'check_data', 'check_steps', 'per_step', 'sum_data_dims', 'binomial_schedule', 'GaussianSchedule',
-           'Diffusion', 'check_output_device', 'nats_to_bits', 'bits_per_dim', 'GaussianDiffusion',
-           'bernoulli_log_prob', 'BinomialDiffusion']
+           'Diffusion', 'check_output_device', 'nats_to_bits', 'bits_per_dim', 'GaussianDiffusion', 'to_basis',
+           'from_basis', 'bernoulli_log_prob', 'BinomialDiffusion']
 
 # %% ../nbs/01_diffusion.ipynb #9dd9ae90
 import math
@@ -349,26 +349,44 @@ def stationary(self: GaussianDiffusion, like):
     "$\\pi = N(0, I)$ as (mean, var) shaped like `like`."
     return torch.zeros_like(like), torch.ones_like(like)
 
+def to_basis(x, basis):
+    "Coordinates $\\mathbf U^\\top\\mathbf x$ of examples (batch, ...), like x (eq-gauss-basis)."
+    return (x.flatten(1) @ basis.to(x.dtype)).reshape(x.shape)
+
+def from_basis(z, basis):
+    "The examples $\\mathbf U\\mathbf z$ of coordinates z (batch, ...), like z (eq-gauss-basis)."
+    return (z.flatten(1) @ basis.to(z.dtype).T).reshape(z.shape)
+
 @patch
 def draw(self: GaussianDiffusion, params, noise=None):
-    "Draw from N(mean, var); `noise` (standard normal) may be passed to fix the randomness."
-    mean, var = params
+    "Draw from N(mean, var) or, with a basis U, N(mean, U diag(var) U^T) (eq-gauss-basis)."
+    mean, var = params[:2]
     noise = torch.randn_like(mean) if noise is None else noise
+    if len(params) == 3: return mean + from_basis(var.sqrt() * noise, params[2])
     return mean + var.sqrt() * noise
 
 @patch
 def log_prob(self: GaussianDiffusion, x, params):
-    "$\\log N(x; mean, var)$ summed over data dimensions."
-    mean, var = params
-    return -0.5 * sum_data_dims(LOG_2PI + var.log() + (x - mean) ** 2 / var)
+    "$\\log N(x; mean, var)$ summed over data dimensions; var along U's columns if given."
+    mean, var = params[:2]
+    diff = x - mean if len(params) == 2 else to_basis(x - mean, params[2])   # eq-gauss-basis
+    return -0.5 * sum_data_dims(LOG_2PI + var.log() + diff ** 2 / var)
 
 # %% ../nbs/01_diffusion.ipynb #cdea2ead
 @patch
 def kl(self: GaussianDiffusion, q, p):
-    "$D_{KL}(N(q) \\| N(p))$ per example, diagonal covariances."
-    (m1, v1), (m2, v2) = q, p
+    "$D_{KL}(N(q) \\| N(p))$ per example, diagonal covariances; p's along U's columns if given."
+    (m1, v1), (m2, v2) = q, p[:2]
+    if len(p) == 3: return _kl_to_basis(m1, v1, m2, v2, p[2])
     # $\frac12\sum[\log v_2 - \log v_1 + (v_1 + (m_1-m_2)^2)/v_2 - 1]$
     return 0.5 * sum_data_dims(v2.log() - v1.log() + (v1 + (m1 - m2) ** 2) / v2 - 1)
+
+def _kl_to_basis(m1, v1, m2, v2, basis):
+    "eq-gauss-basis-kl: q = N(m1, diag v1), p = N(m2, U diag(v2) U^T)."
+    delta = to_basis(m1 - m2, basis)                               # $\boldsymbol\delta$
+    # $\sum_i U_{ik}^2 v_{1,i}$ per direction k
+    spread = (v1.flatten(1) @ (basis * basis).to(v1.dtype)).reshape(v1.shape)
+    return 0.5 * sum_data_dims(v2.log() + (spread + delta ** 2) / v2 - 1 - v1.log())
 
 @patch
 def entropy(self: GaussianDiffusion, params):
@@ -381,11 +399,12 @@ def stationary_entropy_per_dim(self: GaussianDiffusion): return 0.5 * (LOG_2PI +
 # %% ../nbs/01_diffusion.ipynb #1c814c91
 @patch
 def check_reverse(self: GaussianDiffusion, out, xt):
-    "Validate a reverse model's output: tensors (mean, var) of xt's shape and device, var > 0."
-    if not (isinstance(out, (tuple, list)) and len(out) == 2):
-        raise TypeError("a Gaussian reverse model must return (mean, var), "
+    "Validate a reverse model's output: (mean, var) of xt's shape and device, var > 0; or + basis."
+    if not (isinstance(out, (tuple, list)) and len(out) in (2, 3)):
+        raise TypeError("a Gaussian reverse model must return (mean, var) or (mean, var, basis), "
                         f"got {type(out).__name__}")
-    mean, var = out
+    if len(out) == 3: _check_basis(out[2], xt)
+    mean, var = out[:2]
     if not (isinstance(mean, torch.Tensor) and isinstance(var, torch.Tensor)):
         raise TypeError("a Gaussian reverse model must return torch tensors (mean, var), "
                         f"got ({type(mean).__name__}, {type(var).__name__})")
@@ -396,7 +415,16 @@ def check_reverse(self: GaussianDiffusion, out, xt):
     fail_if(~(torch.isfinite(mean).all() & torch.isfinite(var).all()),
             lambda: "reverse model returned NaN or inf")
     fail_if((var <= 0).any(), lambda: "reverse model returned a non-positive variance")
-    return mean, var
+    return (mean, var, *out[2:])
+
+def _check_basis(basis, xt):
+    "A (D, D) tensor on xt's device, D the size of one example; orthogonality is the model's job."
+    D = math.prod(xt.shape[1:])
+    if not isinstance(basis, torch.Tensor) or basis.shape != (D, D):
+        raise ValueError(f"a reverse model's basis must be a ({D}, {D}) tensor for examples of "
+                         f"shape {tuple(xt.shape[1:])}, got "
+                         f"{tuple(basis.shape) if isinstance(basis, torch.Tensor) else basis}")
+    check_output_device(xt, basis)
 
 # %% ../nbs/01_diffusion.ipynb #6037fd10
 def bernoulli_log_prob(x, prob):

@@ -10,7 +10,8 @@ import math
 import torch
 from torch import nn
 from fastcore.basics import patch
-from .diffusion import Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step
+from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps, per_step,
+                           to_basis, from_basis)
 from .bound import _sample_batch, _ancestral, _check_chain
 
 # %% ../nbs/09_posterior.ipynb #f2b2abdd
@@ -116,26 +117,46 @@ class GaussianObservation(Observation):
         return torch.where(m, terms, torch.zeros_like(terms)).flatten(1).sum(1)
 
 # %% ../nbs/09_posterior.ipynb #9d04eb26
-def _gauss_product(mean, var, y, sigma2, observed, w: float):
-    "N(mean, var) times $N(y; x, \\sigma^2)^w$ where observed, normalised (eq-post-gauss-product)."
+def _gauss_product(params, y, sigma2, observed, w: float):
+    "N(mean, var) or N in U's basis, times $N(y; x, \\sigma^2)^w$ (eq-post-gauss-product)."
+    mean, var = params[:2]
     # $\lambda = w/\sigma^2$ on observed coordinates, 0 elsewhere
     prec = torch.where(observed, w / sigma2, torch.zeros_like(mean))
+    if len(params) == 3: return _gauss_product_in_basis(mean, var, params[2], y, prec)
     # $\tilde\Sigma = (1/\Sigma + \lambda)^{-1}$
     new_var = var / (1 + var * prec)
     # $\tilde\mu = \tilde\Sigma\,(\mu/\Sigma + \lambda y)$
     return new_var * (mean / var + prec * y), new_var
+
+# %% ../nbs/09_posterior.ipynb #35ac4e00
+def _gauss_product_in_basis(mean, var, basis, y, prec):
+    "eq-post-gauss-product in U's coordinates (eq-gauss-basis): one precision per example only."
+    lam = prec.flatten(1)[:, :1]
+    if not torch.equal(prec.flatten(1), lam.expand(-1, prec[0].numel())):
+        raise ValueError("dpm: a kernel with a basis (eq-gauss-basis) can only be multiplied by an "
+                         "observation of every value with one noise variance per example")
+    lam = lam.reshape(-1, *[1] * (mean.ndim - 1))       # $\lambda\mathbf I$ in every basis
+    new_var = var / (1 + var * lam)
+    z = new_var * (to_basis(mean, basis) / var + lam * to_basis(y, basis))
+    return from_basis(z, basis), new_var, basis
 
 @patch
 def perturb(self: GaussianObservation, d, params, w: float):
     "N(mean, var) times $r^w$, normalised: the exact product (eq-post-gauss-product)."
     if not isinstance(d, GaussianDiffusion):
         raise TypeError("a Gaussian observation needs a GaussianDiffusion")
-    mean, var = params
-    if w == 0: return mean, var
+    mean = params[0]
+    if w == 0: return params
     sigma2 = self._on(mean, self.var.expand_as(self.y))
-    return _gauss_product(mean, var, self._on(mean), sigma2, self._observed(mean), w)
+    return _gauss_product(params, self._on(mean), sigma2, self._observed(mean), w)
 
 # %% ../nbs/09_posterior.ipynb #0ace8871
+def _no_basis(params, what: str):
+    "Masks act value by value; a kernel diagonal in another basis (eq-gauss-basis) cannot."
+    if isinstance(params, tuple) and len(params) == 3:
+        raise ValueError(f"dpm: {what} cannot act on a kernel with a basis (eq-gauss-basis); "
+                         "use a reverse model with a diagonal covariance for inpainting")
+
 class Mask(Observation):
     "$r$ a delta where `mask` is true (inpainting): exact clamp (eq-post-delta), both diffusions."
     def __init__(self,
@@ -153,6 +174,7 @@ class Mask(Observation):
     def perturb(self, d, params, w: float):
         "Clamp the observed entries: the kernel times the delta (eq-post-delta)."
         if w == 0: return params
+        _no_basis(params, 'a mask')
         if isinstance(params, tuple):                 # Gaussian: mean y, variance 0 if observed
             mean, var = params
             m = self._observed(mean)
@@ -216,7 +238,10 @@ def perturb(self: LogDensity, d, params, w: float):
         d1 = torch.sigmoid(w * self.grad(c))
         # $c_i d_i / (c_i d_i + (1-c_i)(1-d_i))$
         return c * d1 / (c * d1 + (1 - c) * (1 - d1))
-    mean, var = params
+    mean, var = params[:2]
+    if len(params) == 3:                       # covariance U diag(v) U^T (eq-gauss-basis)
+        step = from_basis(var * to_basis(self.grad(mean), params[2]), params[2])
+        return mean + w * step, var, params[2]
     # $\boldsymbol\mu + \Sigma\,\nabla\log r^w(\boldsymbol\mu)$
     return mean + w * var * self.grad(mean), var
 
@@ -252,15 +277,15 @@ class NoisedGaussianObservation(GaussianObservation):
         "The kernel of $x_s$ times $r_s^w$, normalised (eq-post-noised-r, eq-post-gauss-product)."
         if not isinstance(d, GaussianDiffusion):
             raise TypeError("a Gaussian observation needs a GaussianDiffusion")
-        mean, var = params
-        if w == 0: return mean, var
+        mean = params[0]
+        if w == 0: return params
         steps = torch.full(mean.shape[:1], s, dtype=torch.long, device=mean.device)
         # $q(x_s \mid x_0 = y) = N(\sqrt{\bar\alpha_s}\,y,\ 1-\bar\alpha_s)$
         y_s, forward_var = d.marginal(self._on(mean), steps)
         sigma2 = self._on(mean, self.var.expand_as(self.y))
         # $v_s = \bar\alpha_s\sigma^2 + 1-\bar\alpha_s$
         v_s = per_step(d.alphas_bar(), steps, mean) * sigma2 + forward_var
-        return _gauss_product(mean, var, y_s, v_s, self._observed(mean), w)
+        return _gauss_product(params, y_s, v_s, self._observed(mean), w)
 
 # %% ../nbs/09_posterior.ipynb #a9e1c0d9
 class NoisedMask(Mask):
@@ -269,6 +294,7 @@ class NoisedMask(Mask):
     def perturb_step(self, d, params, w: float, s: int):
         "The kernel of $x_s$ with its observed part replaced by $q(x_s \\mid x_0 = y)$."
         if w == 0: return params
+        _no_basis(params, 'replacement')
         like = params[0] if isinstance(params, tuple) else params
         steps = torch.full(like.shape[:1], s, dtype=torch.long, device=like.device)
         # $N(\sqrt{\bar\alpha_s}y, 1-\bar\alpha_s)$; bits: $\bar\alpha_s y + (1-\bar\alpha_s)p$
