@@ -223,18 +223,21 @@ def raw(self: ImageReverse, xt, t):
 @patch
 def forward(self: ImageReverse, xt, t):
     """(mean, var) of p(x^{t-1} | x^t), each (B, C, H, W), in xt's dtype (float32 in autocast):
-    eq-rev-gauss; eq-net-ref-kernel for variant='reference'; eq-net-residual with a linear path."""
+    eq-rev-gauss; eq-net-ref-kernel for variant='reference'; eq-net-residual with a linear path;
+    (mean, var, U) of eq-net-residual-eig if the linear path's covariance is 'eigen'."""
     self._check_images(xt)
     if self.variant == 'paper': return super(ImageReverse, self).forward(xt, t)
     t = self.check_input(xt, t)
     z = self.raw(xt, t)
     beta = per_step(self.diffusion.betas, t - 1, z[:, 0])          # beta_t, (B, 1, 1, 1)
     if self.linear is None: return reference_kernel(xt, z[:, 0], z[:, 1], beta, self.T)
-    mean_lin, var_lin = self.linear(xt, t)                         # eq-base-rev-mean, -var
+    mean_lin, var_lin, *basis = self.linear(xt, t)          # eq-base-rev-mean, -var or -eig
+    # eq-net-residual-eig: one $\bar z_\Sigma$ per image on every direction's $c_{t,k}$
+    z_var = z[:, 1].mean((1, 2, 3), keepdim=True) if basis else z[:, 1]
     # $\Sigma = \sigma\big(z_\Sigma/\sqrt T + \operatorname{logit}\mathbf v^{lin}_t\big)$
-    var = torch.sigmoid(z[:, 1] / math.sqrt(self.T) + torch.logit(var_lin)).clamp(min=VAR_MIN)
+    var = torch.sigmoid(z_var / math.sqrt(self.T) + torch.logit(var_lin)).clamp(min=VAR_MIN)
     # $\mu = \boldsymbol\mu^{lin}_t(\mathbf x^{(t)}) + z_\mu\sqrt{\beta_t}$
-    return mean_lin + z[:, 0] * beta.sqrt(), var
+    return (mean_lin + z[:, 0] * beta.sqrt(), var, *basis)
 
 # %% ../nbs/10_image_network.ipynb #1889a61b
 @patch
@@ -272,12 +275,13 @@ def network_config(name: str) -> dict:
 # %% ../nbs/10_image_network.ipynb #c9ce724c
 def linear_path(cfg: dict, d, image_shape, train):
     "cfg['linear_path']: the LinearReverse of train() (eq-net-residual), else None (no data made)."
+    covariance = cfg.get('covariance', 'diagonal')              # 'eigen': eq-net-residual-eig
     if not cfg['linear_path']: return None
     if weights_follow():                        # loading a model: its file holds the fit
         D = math.prod(image_shape)
         fit = GaussianFit(torch.zeros(D), torch.ones(D), torch.eye(D))
     else: fit = fit_eigen(train())
-    return LinearReverse(d, image_shape, fit)
+    return LinearReverse(d, image_shape, fit, covariance)
 
 def image_diffusion(cfg: dict) -> GaussianDiffusion:
     "An image experiment's diffusion: cfg's T, beta_1 and bump schedule (eq-gauss-schedule)."

@@ -69,3 +69,50 @@ def test_parameter_counts():
     dense = count_parameters(ImageReverse(d, **IMAGE_CONFIGS['cifar10']).dense)
     assert dense == 3072 * 1000 + 1000 + 1000 * 5 * 1024 + 5 * 1024      # about 8.2 M
     assert n['cifar10'] > dense and math.isfinite(n['mnist'])
+
+
+def _eigen_pair(d, seed=0):
+    "A residual network on the whole Gaussian kernel (eq-net-residual-eig) and its linear path."
+    from dpm.baselines import LinearReverse, fit_eigen
+    torch.manual_seed(seed)
+    x = (torch.randn(300, 16) @ (torch.randn(16, 16) / 4) + 0.1).reshape(300, 1, 4, 4)
+    lin = LinearReverse(d, (1, 4, 4), fit_eigen(x), covariance='eigen')
+    net = ImageReverse(d, (1, 4, 4), pathway='both', variant='reference', linear=lin,
+                       n_scales=2, conv_channels=3, conv_layers=1, dense_hidden=8, hidden_1x1=4,
+                       n_bumps=3)
+    return x, lin, net
+
+
+def test_eigen_kernel_bound_training_and_sampling(d):
+    "(mean, var, U) passes check_reverse, trains, samples and denoises; K equals the linear model's."
+    from dpm.baselines import paired_bounds
+    from dpm.posterior import denoise
+    x, lin, net = _eigen_pair(d)
+    mean, var, U = d.check_reverse(net(x[:5], torch.full((5,), 4)), x[:5])
+    assert torch.allclose(U @ U.T, torch.eye(16), atol=1e-5)
+    r = paired_bounds(d, dict(net=net, lin=lin), x[:32])
+    assert torch.allclose(r['net']['k'], r['lin']['k'])
+    loss = -d.bound_estimate(net, x[:16]).mean()
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in net.parameters() if p.grad is not None)
+    s = d.sample(net, (6, 1, 4, 4))
+    assert s.shape == (6, 1, 4, 4) and torch.isfinite(s).all()
+    for recipe in ('paper', 'noised'):
+        y = denoise(d, net, x[:3] + torch.randn(3, 1, 4, 4), 1.0, recipe=recipe)
+        assert y.shape == (3, 1, 4, 4) and torch.isfinite(y).all()
+
+
+def test_eigen_kernel_refusals(d):
+    "A wrong basis and value-by-value observations on a basis kernel each get one clear error."
+    from dpm.posterior import inpaint
+    from dpm.baselines import LinearReverse
+    x, lin, net = _eigen_pair(d, 1)
+    m, v, U = lin(x[:2], torch.tensor([3, 3]))
+    with pytest.raises(ValueError, match=r'\(16, 16\) tensor'):
+        d.check_reverse((m, v, U[:, :8]), x[:2])
+    with pytest.raises(ValueError, match='basis'):
+        mask = torch.zeros(2, 1, 4, 4, dtype=torch.bool)
+        mask[..., 0] = True
+        inpaint(d, net, x[:2], mask)
+    with pytest.raises(ValueError, match="'diagonal', 'eigen'"):
+        LinearReverse(d, (1, 4, 4), lin.fit, covariance='full')
