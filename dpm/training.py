@@ -57,7 +57,7 @@ class TrainConfig:
     checkpoint_minutes: Optional[float] = None   # also checkpoint after this much wall time
     max_minutes: Optional[float] = None          # stop cleanly (with a checkpoint) after this long
     schedule_lr: Optional[float] = None          # a learned schedule's own rate (None: lr)
-
+    patience: int = 0                # stop once this many evaluations pass without a better K
     def __post_init__(self): check_config(asdict(self), TRAIN_KEYS)
 
     @classmethod
@@ -157,7 +157,7 @@ TRAIN_KEYS = dict(steps=Key(int, 1), batch_size=Key(int, 1), lr=Key(float, 0, op
                   amp=Key(str, choices=('bf16',), optional=True), channels_last=Key(bool),
                   compile=Key(bool), checkpoint_minutes=Key(float, 0, open='l', optional=True),
                   max_minutes=Key(float, 0, open='l', optional=True),
-                  schedule_lr=Key(float, 0, open='l', optional=True))
+                  schedule_lr=Key(float, 0, open='l', optional=True), patience=Key(int, 0))
 TRAIN_DEFAULTS = {f.name: f.default for f in fields(TrainConfig)}
 # T, the trajectory length of every experiment: t = 1 is fixed and t = 2..T learned, so T >= 3
 COMMON_KEYS = dict(T=Key(int, 3))
@@ -811,6 +811,22 @@ def _due(cfg: TrainConfig, step: int, stop: bool, last_save: float) -> bool:
 
 
 # %% ../nbs/05_training.ipynb #ce01f29b
+def _no_better(history: list, patience: int) -> bool:
+    "eq-train-stop: the last `patience` evaluations are all below the best one before them."
+    if patience < 1 or len(history) <= patience: return False
+    bits = [h['heldout_bits'] for h in history]
+    return max(bits[-patience:]) < max(bits[:-patience])
+
+def _watch(state: _RunState, heldout, cfg: TrainConfig, last_eval, stop: bool) -> tuple:
+    "The held-out evaluation when it is due, then eq-train-stop: (last K, stop)."
+    rank, n_proc = world()
+    if cfg.patience and n_proc > 1:
+        raise ConfigError("patience (stopping on held-out K) needs a single process")
+    if not (rank == 0 and heldout is not None and cfg.eval_every
+            and state.step % cfg.eval_every == 0 and state.step < cfg.steps):
+        return last_eval, stop
+    return _held_out_eval(state, heldout, cfg.seed), stop or _no_better(state.history, cfg.patience)
+
 def _held_out_eval(state: _RunState, heldout, seed: int) -> float:
     "K at every t (eq-k-general) on held-out data, recorded in the history; bits."
     _receive(state)
@@ -874,22 +890,21 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     state = _start(model, cfg, full_config, device, checkpoint, init)
     objective = _objective(model, reverse, cfg, device, n_proc)
     bar = _progress_bar(cfg, state.step) if progress and rank == 0 else None
-    last_eval, stop, t_done, step_0 = None, False, state.train_seconds, state.step
+    last_eval, t_done, step_0 = None, state.train_seconds, state.step
+    stop = _no_better(state.history, cfg.patience)             # a resumed run that had stopped
     t_start = last_save = time.perf_counter()
     while state.step < cfg.steps and not stop:
         batch = _minibatch(d, train_data, cfg, state.gen, share, fmt, device)
         stop = _step(state, objective, batch, cfg, t_start)
         state.train_seconds = t_done + time.perf_counter() - t_start
         per_second = (state.step - step_0) * B / max(time.perf_counter() - t_start, 1e-9)
-        if (rank == 0 and heldout is not None and cfg.eval_every
-                and state.step % cfg.eval_every == 0 and state.step < cfg.steps):
-            last_eval = _held_out_eval(state, heldout, cfg.seed)
+        last_eval, stop = _watch(state, heldout, cfg, last_eval, stop)
         _show(bar, state, per_second, last_eval)
         if checkpoint is not None and rank == 0 and _due(cfg, state.step, stop, last_save):
             _save(state, checkpoint); last_save = time.perf_counter()
     if bar is not None: bar.close()
-    seconds = time.perf_counter() - t_start
-    info = _finish(state, cfg, train_data, n_proc, (state.step - step_0) * B, seconds)
+    info = _finish(state, cfg, train_data, n_proc, (state.step - step_0) * B,
+                   time.perf_counter() - t_start)
     return {**info, 'restarts': state.restarts}
 
 # %% ../nbs/05_training.ipynb #f3a70004
@@ -936,6 +951,7 @@ class Experiment:
     figures: Optional[Callable] = None            # (d, reverse, config, heldout) -> {name: figure}
     keys: dict = field(default_factory=dict)      # name -> Key: allowed values beyond the defaults'
     records: Optional[Callable] = None            # (config, seed) -> [DataRecord]: the data used
+    valid: Optional[Callable] = None              # (config, seed) -> what training watches
 
     def schema(self) -> dict:
         "Allowed values per key: TrainConfig's, the defaults' types and signs, then `keys`."
@@ -1134,10 +1150,11 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
         init = _warm_init(exp, out / 'checkpoint.pt', init, say)
         d, reverse = build(exp, cfg, seed, device)
         train_x, held_x = experiment_data(exp, cfg, seed)
+        watch = held_x if exp.valid is None else exp.valid(cfg, seed)   # eq-train-stop
         data = data_records(exp, cfg, seed)
         for r in data: say(f"data: {describe_data(r)}")
         tc = TrainConfig.from_dict(cfg)
-        info = train(d, reverse, train_x, held_x, tc, checkpoint=out / 'checkpoint.pt',
+        info = train(d, reverse, train_x, watch, tc, checkpoint=out / 'checkpoint.pt',
                      device=device, progress=progress, full_config=cfg, init=init)
         info.update(peak_memory_mb=peak_memory_mb(device), data=data,
                     steps_per_second=info['steps'] / max(info['train_seconds'], 1e-9))

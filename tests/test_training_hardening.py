@@ -251,3 +251,23 @@ def test_mixed_devices():
         d2, rev2 = d.to('cuda'), MLPReverse(d, width=8, depth=2).to('cuda')
         assert evaluate_bound(d2, rev2, x)['n'] == 10
         with pytest.raises(ValueError, match='diffusion is on cuda'): evaluate_bound(d2, rev2.cpu(), x)
+
+
+def test_patience_stops_and_a_rerun_stays_stopped(tmp_path, monkeypatch):
+    "eq-train-stop: a scripted held-out history stops the run two evaluations past its peak."
+    import dpm.training as tr
+    from dpm.diffusion import GaussianDiffusion, GaussianSchedule
+    from dpm.reverse import MLPReverse
+    script = iter([1.0, 3.0, 2.0, 2.5, 9.0, 9.0])
+    def fake_eval(state, heldout, seed):
+        state.history.append(dict(step=state.step, heldout_bits=next(script)))
+        return state.history[-1]['heldout_bits']
+    monkeypatch.setattr(tr, '_held_out_eval', fake_eval)
+    d = GaussianDiffusion(GaussianSchedule(5, learn=False))
+    rev = MLPReverse(d, width=8, depth=2)
+    x = torch.randn(64, 2)
+    cfg = tr.TrainConfig(steps=100, batch_size=8, eval_every=5, patience=2, checkpoint_every=5)
+    info = tr.train(d, rev, x, x[:8], cfg, checkpoint=tmp_path / 'ck.pt', progress=False)
+    assert info['steps'] == 20 and info['stopped_early']
+    again = tr.train(d, rev, x, x[:8], cfg, checkpoint=tmp_path / 'ck.pt', progress=False)
+    assert again['steps'] == 20
