@@ -2,20 +2,23 @@
 
 # %% auto #0
 __all__ = ['L_NULL_BITS_PER_DIM', 'CHANNELS', 'PAPER_K_BITS_PER_PIXEL', 'PAPER_K_MINUS_L_NULL', 'ASSUMED_PIXEL_STD',
-           'MODERN_BITS_PER_DIM', 'NET_KEYS', 'RECIPES', 'CIFAR10', 'CIFAR10_GPU', 'bits_per_pixel', 'paper_to_8bit',
-           'crop', 'cifar_images', 'heldout_groups', 'fit_scaler', 'model_scaler', 'wiener_denoise', 'wiener_mse',
-           'denoising', 'plot_figure3']
+           'MODERN_BITS_PER_DIM', 'VALID_PHOTO', 'N_VALID', 'NET_KEYS', 'RECIPES', 'CIFAR10', 'CIFAR10_GPU',
+           'bits_per_pixel', 'paper_to_8bit', 'crop', 'cifar_images', 'heldout_groups', 'fit_scaler', 'model_scaler',
+           'wiener_denoise', 'wiener_mse', 'perfect_gaussian', 'denoising', 'plot_figure3']
 
 # %% ../nbs/14_cifar10.ipynb #3d945bd4
 import math, time, functools
+from dataclasses import replace
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
                                linear_path)
 from .training import Experiment, train_or_load, evaluate_bound
-from .data import load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit
-from .posterior import denoise, GaussianDataReverse
-from .baselines import fit_gaussian, gaussian_log_prob, image_baselines, paired
+from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, PHOTOS_TRAIN,
+                      photo_tiles, data_checksum)
+from .posterior import denoise
+from .baselines import (fit_gaussian, gaussian_log_prob, image_baselines, paired, GaussianFit,
+                           LinearReverse)
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
 # $L_{null}/D = -\tfrac12\log_2(2\pi e)$ bits per value, unit Gaussian (eq-cf-lnull)
@@ -50,32 +53,64 @@ def crop(k: torch.Tensor, size: int) -> torch.Tensor:
     r, c = (H - size) // 2, (W - size) // 2
     return k[..., r:r + size, c:c + size]
 
+# %% ../nbs/14_cifar10.ipynb #7702195b
+VALID_PHOTO = 'coffee'     # the stand-in's validation photograph, kept out of training
+N_VALID = 5_000            # real CIFAR-10: the last training images validate
+
+def _split_valid(tr, n_train: int, seed: int) -> tuple:
+    "(train, its DataRecord, validation, its DataRecord) of 8-bit training images (eq-train-stop)."
+    if not tr.record.stand_in:
+        train, va = tr.images[:-N_VALID][:n_train], tr.images[-N_VALID:]
+        note = f'the last {N_VALID} training images, never trained on'
+        return (train, replace(tr.record, n=len(train), note=f'the first {len(train)}; ' + note),
+                va, replace(tr.record, n=N_VALID, split='valid', note=note))
+    k = list(PHOTOS_TRAIN).index(VALID_PHOTO)
+    train, labels = tr.images[:n_train][tr.labels[:n_train] != k], tr.labels[:n_train]
+    rest = {p: v for p, v in PHOTOS_TRAIN.items() if p != VALID_PHOTO}
+    rec = replace(tr.record, n=len(train), checksum=data_checksum(train, labels[labels != k]),
+                  source='scikit-image data: ' + ', '.join(rest),
+                  licence='; '.join(f'{p}: {v}' for p, v in rest.items()),
+                  note=tr.record.note + f'; the patches of {VALID_PHOTO} dropped (validation)')
+    va = torch.from_numpy(photo_tiles([VALID_PHOTO], seed=seed + 2)[0])
+    note = f'every non-overlapping 32x32 tile of {VALID_PHOTO}; never trained on'
+    return train, rec, va, replace(rec, n=len(va), split='valid', checksum=data_checksum(va),
+                                   source=f'scikit-image data: {VALID_PHOTO}', note=note,
+                                   licence=f'{VALID_PHOTO}: {PHOTOS_TRAIN[VALID_PHOTO]}')
+
+# %% ../nbs/14_cifar10.ipynb #ac22dbb4
 @functools.lru_cache(maxsize=4)
-def _images(n_train: int, n_heldout: int, size: int, seed: int):
-    "Cached central crops of the 8-bit train and test images, their records, held-out groups."
+def _images(n_train: int, n_heldout: int, size: int, seed: int, valid: bool = False):
+    "Cached central crops: train, test, their records, held-out groups; validation and its record."
     tr = load_cifar10('train', n=n_train, seed=seed)
     te = load_cifar10('test', n=n_heldout, seed=seed)
     groups = None if te.groups is None else te.groups[:n_heldout]
-    return (crop(tr.images[:n_train], size), crop(te.images[:n_heldout], size), tr.record,
-            te.record, groups)
+    train, tr_rec, va, va_rec = (_split_valid(tr, n_train, seed) if valid else
+                                 (tr.images[:n_train], tr.record, None, None))
+    return (crop(train, size), crop(te.images[:n_heldout], size), tr_rec, te.record, groups,
+            None if va is None else crop(va, size), va_rec)
+
+def _key(cfg: dict, seed: int) -> tuple:
+    "_images' arguments: a run that stops on a validation set (eq-train-stop) keeps it out."
+    return (int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed),
+            cfg.get('patience', 0) > 0)
 
 def cifar_images(cfg: dict, seed: int = 0):
     "8-bit (train, heldout) images (N, 3, S, S) uint8 and their DataRecords, central S x S crops."
-    return _images(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))[:4]
+    return _images(*_key(cfg, seed))[:4]
 
 def heldout_groups(cfg: dict, seed: int = 0):
     "The source photograph of each held-out image (eq-base-cluster-se); None if independent."
-    return _images(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))[4]
+    return _images(*_key(cfg, seed))[4]
 
 # %% ../nbs/14_cifar10.ipynb #ca42ca38
 def fit_scaler(cfg: dict, seed: int = 0) -> Scaler:
     "The Scaler of eq-data-scale, fitted in closed form on the 8-bit training images."
-    return _scaler(int(cfg['n_train']), int(cfg['n_heldout']), int(cfg['size']), int(seed))
+    return _scaler(*_key(cfg, seed))
 
 @functools.lru_cache(maxsize=4)
-def _scaler(n_train: int, n_heldout: int, size: int, seed: int) -> Scaler:
+def _scaler(*key) -> Scaler:
     "Fitted once per process and image set (training, evaluation and figures all ask for it)."
-    return Scaler.fit_8bit(_images(n_train, n_heldout, size, seed)[0])
+    return Scaler.fit_8bit(_images(*key)[0])
 
 def model_scaler(d) -> Scaler:
     "The Scaler stored with a model (buffers data_shift, data_scale of its diffusion)."
@@ -87,19 +122,29 @@ def _data(cfg, seed):
     scaler, g = fit_scaler(cfg, seed), torch.Generator().manual_seed(50_000 + seed)
     return scaler.forward(dequantize(train_k, g)), scaler.forward(dequantize(held_k, g))
 
+def _valid(cfg, seed):
+    "The validation images training watches (eq-train-stop), scaled like the training images."
+    valid_k = _images(*_key(cfg, seed))[5]
+    if valid_k is None: return _data(cfg, seed)[1]         # no validation set: the held-out one
+    g = torch.Generator().manual_seed(50_001 + seed)
+    return fit_scaler(cfg, seed).forward(dequantize(valid_k, g))
+
 # %% ../nbs/14_cifar10.ipynb #4047a1ed
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=1000, n_eval=250, n_denoise=16, n_posterior=4,
                T=100, beta_1=5e-5, learn_schedule=False, schedule_bumps=10,   # eq-base-floor
                variant='reference', linear_path=True,          # eq-net-ref-kernel, eq-net-residual
+               covariance='eigen',                             # eq-net-residual-eig
                n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3, dense_hidden=300,
                dense_layers=2, dense_channels=3, hidden_1x1=48, layers_1x1=2, n_bumps=10,
                steps=24_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=6000, eval_size=100, checkpoint_every=500, eval_batch=125)
+               eval_every=1500, eval_size=200, patience=2,           # eq-train-stop
+               checkpoint_every=500, eval_batch=125)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_posterior=2, T=10,
               n_scales=2, conv_channels=4, conv_layers=1, dense_hidden=16, dense_channels=1,
               hidden_1x1=8, layers_1x1=1, steps=30, batch_size=16, ema=0.9, eval_every=0,
               eval_size=20, eval_batch=40)
-_GPU = dict(_CONFIG, size=32, n_train=50_000, n_heldout=10_000, n_eval=500, n_denoise=32,
+_ALL_BUT_COV = {k: v for k, v in _CONFIG.items() if k != 'covariance'}   # no linear path on GPU
+_GPU = dict(_ALL_BUT_COV, size=32, n_train=50_000, n_heldout=10_000, n_eval=500, n_denoise=32,
             T=1000, beta_1=2e-5, linear_path=False,   # a 3072 x 3072 eigenbasis: 36 MB per model
             **network_config('cifar10'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=5000, eval_size=100, checkpoint_every=1000, eval_batch=250)
@@ -168,19 +213,25 @@ def _denoise_models(d, models: dict, x, y, noise_var, n, seed, recipes) -> tuple
     return samples, per_image
 
 # %% ../nbs/14_cifar10.ipynb #a45fda92
+def perfect_gaussian(d, m, Sigma, shape) -> LinearReverse:
+    "The perfect Gaussian model: the exact reverse kernels of N(m, Sigma) data (eq-base-rev-eig)."
+    fit = GaussianFit(m, *torch.linalg.eigh(Sigma))
+    return LinearReverse(d, shape, fit, covariance='eigen').to(d.device)
+
+# %% ../nbs/14_cifar10.ipynb #e37d24b9
 @torch.no_grad()
 def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, gaussian=None,
               seed: int = 0, recipes=RECIPES) -> dict:
     """Figure 3's denoising of `clean` (n, C, H, W): noisy images, posterior samples of each recipe
-    from the network and, given `gaussian` = (m, Sigma), the perfect Gaussian model (eq-post-eigen)
-    and the Wiener filter; squared errors per image ('per_image') and their means ('mse_...')."""
+    from the network and, given `gaussian` = (m, Sigma), the perfect Gaussian model
+    (eq-base-rev-eig) and the Wiener filter; squared errors per image and their means ('mse_')."""
     dev = d.device
     x = clean.to(dev)
     g = torch.Generator(device=dev).manual_seed(60_000 + seed)
     # $\mathbf y = \mathbf x + \boldsymbol\epsilon$, noise of variance $\sigma^2$ per value
     y = x + math.sqrt(noise_var) * torch.randn(x.shape, generator=g, device=dev)
     models = dict(network=reverse)
-    if gaussian is not None: models['gaussian'] = GaussianDataReverse(d, *gaussian)
+    if gaussian is not None: models['gaussian'] = perfect_gaussian(d, *gaussian, x.shape[1:])
     post, per = _denoise_models(d, models, x, y, noise_var, n_posterior, seed, recipes)
     per['noisy'] = ((y - x) ** 2).flatten(1).mean(1).cpu()
     out = dict(noisy=y, clean=x, posterior=post, samples=post[f'network_{recipes[0]}'],
@@ -262,6 +313,9 @@ def _evaluate(d, reverse, cfg, heldout):
     out.update(n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
                denoise_seconds=denoise_seconds, data=rec.name, stand_in=rec.stand_in)
     out.update(_denoise_numbers(den, None if groups is None else groups[:n_den]))
+    if _images(*_key(cfg, seed))[5] is not None:     # the validation photograph (eq-train-stop)
+        out['valid_baselines'] = image_baselines(d, reverse, train, _valid(cfg, seed).to(dev),
+                                                 seed + 1, cfg['eval_batch'])
     return out
 
 # %% ../nbs/14_cifar10.ipynb #8b4e8c84
@@ -300,10 +354,15 @@ def _figures(d, reverse, cfg, heldout):
     return {'figure3': plot_figure3(d, reverse, heldout, seed=cfg.get('seed', 0), den=den)}
 
 # %% ../nbs/14_cifar10.ipynb #db44893f
-_records = lambda cfg, seed: list(cifar_images(cfg, seed)[2:])   # which data a run used (ch. 05)
+def _records(cfg, seed):
+    "Which data a run used (chapter 05): training, test and, if kept out, validation images."
+    parts = _images(*_key(cfg, seed))
+    return [r for r in (parts[2], parts[3], parts[6]) if r is not None]
+
 CIFAR10 = Experiment('cifar10', 'CIFAR-10 (photo-patch stand-in offline), 16x16 crops, T=100, '
                      'narrow conv+dense net (CPU book scale; Table 1 row 3, Figure 3)',
-                     _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER, _figures, records=_records)
+                     _build, _data, _CONFIG, _SMALL, _evaluate, _PAPER, _figures, records=_records,
+                     valid=_valid)
 CIFAR10_GPU = Experiment('cifar10_gpu', "CIFAR-10 at paper scale: 32x32, T=1000, the paper's "
                          'multi-scale conv + dense network (GPU)', _build, _data, _GPU, _SMALL,
                          _evaluate, _PAPER, _figures, records=_records)

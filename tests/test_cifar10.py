@@ -122,6 +122,7 @@ def test_configurations_are_the_chapters_design():
         assert exp.config['variant'] == 'reference' and exp.config['learn_schedule'] is False
     assert CIFAR10.config['linear_path'] is True and CIFAR10_GPU.config['linear_path'] is False
     assert CIFAR10.config['beta_1'] == 5e-5
+    assert CIFAR10.config['covariance'] == 'eigen' and 'covariance' not in CIFAR10_GPU.config
 
 
 def test_beta_1_within_the_floor_budget_on_the_training_crops(monkeypatch):
@@ -160,7 +161,8 @@ def test_book_record_is_the_configured_model_photo_by_photo():
     from dpm.data import PHOTOS_TEST
     rec = json.loads((repo_root() / 'results' / 'cifar10' / 'record.json').read_text())
     cfg, b = rec['config'], rec['numbers']['baselines']
-    for k in ('T', 'beta_1', 'learn_schedule', 'variant', 'linear_path', 'size', 'conv_channels'):
+    for k in ('T', 'beta_1', 'learn_schedule', 'variant', 'linear_path', 'covariance', 'size',
+              'conv_channels'):
         assert cfg[k] == _CONFIG[k], k
     assert rec['training']['train_seconds'] <= 30 * 60
     rows = b['by_group']
