@@ -122,7 +122,8 @@ def test_configurations_are_the_chapters_design():
         assert exp.config['variant'] == 'reference' and exp.config['learn_schedule'] is False
     assert CIFAR10.config['linear_path'] is True and CIFAR10_GPU.config['linear_path'] is False
     assert CIFAR10.config['beta_1'] == 5e-5
-    assert CIFAR10.config['covariance'] == 'eigen' and 'covariance' not in CIFAR10_GPU.config
+    assert CIFAR10.config['covariance'] == 'eigen' and CIFAR10.config['patience'] > 0
+    assert 'covariance' not in CIFAR10_GPU.config and 'patience' not in CIFAR10_GPU.config
 
 
 def test_beta_1_within_the_floor_budget_on_the_training_crops(monkeypatch):
