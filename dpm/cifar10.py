@@ -55,15 +55,16 @@ def crop(k: torch.Tensor, size: int) -> torch.Tensor:
 
 # %% ../nbs/14_cifar10.ipynb #7702195b
 VALID_PHOTO = 'coffee'     # the stand-in's validation photograph, kept out of training
-N_VALID = 5_000            # real CIFAR-10: the last training images validate
+N_VALID = 5_000            # real CIFAR-10: the last training images validate (a fifth at most)
 
 def _split_valid(tr, n_train: int, seed: int) -> tuple:
     "(train, its DataRecord, validation, its DataRecord) of 8-bit training images (eq-train-stop)."
     if not tr.record.stand_in:
-        train, va = tr.images[:-N_VALID][:n_train], tr.images[-N_VALID:]
-        note = f'the last {N_VALID} training images, never trained on'
+        m = min(N_VALID, len(tr.images) // 5)
+        train, va = tr.images[:-m][:n_train], tr.images[-m:]
+        note = f'the last {m} training images, never trained on'
         return (train, replace(tr.record, n=len(train), note=f'the first {len(train)}; ' + note),
-                va, replace(tr.record, n=N_VALID, split='valid', note=note))
+                va, replace(tr.record, n=m, split='valid', note=note))
     k = list(PHOTOS_TRAIN).index(VALID_PHOTO)
     train, labels = tr.images[:n_train][tr.labels[:n_train] != k], tr.labels[:n_train]
     rest = {p: v for p, v in PHOTOS_TRAIN.items() if p != VALID_PHOTO}
@@ -145,7 +146,8 @@ _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_poste
               eval_size=20, eval_batch=40)
 _BOOK_ONLY = ('covariance', 'patience')       # the paper-scale run: no linear path, no stopping
 _GPU = dict({k: v for k, v in _CONFIG.items() if k not in _BOOK_ONLY}, size=32, n_train=50_000,
-            n_heldout=10_000, n_eval=500, n_denoise=32, T=1000, beta_1=2e-5, linear_path=False,   # a 3072 x 3072 eigenbasis: 36 MB per model
+            n_heldout=10_000, n_eval=500, n_denoise=32, T=1000, beta_1=2e-5,
+            linear_path=False,                  # a 3072 x 3072 eigenbasis: 36 MB per model
             **network_config('cifar10'), steps=100_000, batch_size=128, lr=1e-3, ema=0.999,
             eval_every=5000, eval_size=100, checkpoint_every=1000, eval_batch=250)
 _PAPER = dict(K_bits=PAPER_K_BITS_PER_PIXEL, K_minus_L_null_bits=PAPER_K_MINUS_L_NULL)

@@ -241,6 +241,7 @@ def test_stand_in_provenance_is_said(tmp_path, fresh_data, capsys, monkeypatch):
     import dpm.cifar10 as C
     from dpm.training import data_records, describe_data
     recs = data_records(C.CIFAR10, C.CIFAR10.resolve(), 0)
-    assert [r['stand_in'] for r in recs] == [True, True]
+    assert [(r['split'], r['stand_in']) for r in recs] == [('train', True), ('test', True),
+                                                           ('valid', True)]
     assert "a stand-in, not the paper's data" in describe_data(recs[0])
     assert 'photo-patch stand-in (not CIFAR-10)' in describe_data(recs[0])

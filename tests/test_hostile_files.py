@@ -253,8 +253,9 @@ def test_real_cifar_provenance_is_recorded(tmp_path, monkeypatch):
     try:
         recs = data_records(C.CIFAR10, C.CIFAR10.resolve(), 0)
     finally: C._images.cache_clear()
-    assert [(r['name'], r['split'], r['n'], r['stand_in']) for r in recs] == [('cifar10', 'train', 15, False),
-                                                                             ('cifar10', 'test', 3, False)]
+    # 15 training images: the last fifth validate (eq-train-stop), the rest train
+    assert [(r['name'], r['split'], r['n'], r['stand_in']) for r in recs] == [
+        ('cifar10', 'train', 12, False), ('cifar10', 'test', 3, False), ('cifar10', 'valid', 3, False)]
     assert str(tmp_path) in describe_data(recs[0]) and 'the real data' in describe_data(recs[0])
 
 
