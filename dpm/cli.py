@@ -212,7 +212,8 @@ def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:
     if history:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([h['step'] for h in history], [h['heldout_bits'] for h in history], 'o-')
-        ax.set_xlabel('training step'); ax.set_ylabel('held-out K (bits)'); ax.set_title(exp.name)
+        watched = 'validation' if exp.valid is not None else 'held-out'        # eq-train-stop
+        ax.set_xlabel('training step'); ax.set_ylabel(f'{watched} K (bits)'); ax.set_title(exp.name)
         figs['training'] = fig
     names = []
     try:
