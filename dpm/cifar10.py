@@ -126,7 +126,7 @@ def _data(cfg, seed):
 def _valid(cfg, seed):
     "The validation images training watches (eq-train-stop), scaled like the training images."
     valid_k = _images(*_key(cfg, seed))[5]
-    if valid_k is None: return _data(cfg, seed)[1]         # no validation set: the held-out one
+    if valid_k is None: return None                    # no stopping: training watches the test set
     g = torch.Generator().manual_seed(50_001 + seed)
     return fit_scaler(cfg, seed).forward(dequantize(valid_k, g))
 
@@ -367,4 +367,4 @@ CIFAR10 = Experiment('cifar10', 'CIFAR-10 (photo-patch stand-in offline), 16x16 
                      valid=_valid)
 CIFAR10_GPU = Experiment('cifar10_gpu', "CIFAR-10 at paper scale: 32x32, T=1000, the paper's "
                          'multi-scale conv + dense network (GPU)', _build, _data, _GPU, _SMALL,
-                         _evaluate, _PAPER, _figures, records=_records)
+                         _evaluate, _PAPER, _figures, records=_records, valid=_valid)

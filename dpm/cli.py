@@ -212,7 +212,9 @@ def _write_figures(exp, d, reverse, cfg, heldout, history, out) -> list:
     if history:
         fig, ax = plt.subplots(figsize=(5, 3.5))
         ax.plot([h['step'] for h in history], [h['heldout_bits'] for h in history], 'o-')
-        watched = 'validation' if exp.valid is not None else 'held-out'        # eq-train-stop
+        watcher = getattr(exp, 'valid', None)                                  # eq-train-stop
+        valid = watcher is not None and watcher(cfg, cfg.get('seed', 0)) is not None
+        watched = 'validation' if valid else 'held-out'
         ax.set_xlabel('training step'); ax.set_ylabel(f'{watched} K (bits)'); ax.set_title(exp.name)
         figs['training'] = fig
     names = []

@@ -951,7 +951,7 @@ class Experiment:
     figures: Optional[Callable] = None            # (d, reverse, config, heldout) -> {name: figure}
     keys: dict = field(default_factory=dict)      # name -> Key: allowed values beyond the defaults'
     records: Optional[Callable] = None            # (config, seed) -> [DataRecord]: the data used
-    valid: Optional[Callable] = None              # (config, seed) -> what training watches
+    valid: Optional[Callable] = None              # (config, seed) -> what training watches, or None
 
     def schema(self) -> dict:
         "Allowed values per key: TrainConfig's, the defaults' types and signs, then `keys`."
@@ -1148,14 +1148,17 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
         if rank == 0 and (gone := remove_leftovers(out, older=True)):
             say(f"removed {len(gone)} temporary file(s) of interrupted writes from {out}")
         init = _warm_init(exp, out / 'checkpoint.pt', init, say)
-        d, reverse = build(exp, cfg, seed, device)
+        try: d, reverse = build(exp, cfg, seed, device)
+        except DpmError: raise
+        except ValueError as e:               # settings the model refuses together, e.g. --set
+            raise ConfigError(f"{exp.name} cannot be built with these settings: {e}") from None
         train_x, held_x = experiment_data(exp, cfg, seed)
-        watch = held_x if exp.valid is None else exp.valid(cfg, seed)   # eq-train-stop
+        watch = exp.valid(cfg, seed) if exp.valid else None            # eq-train-stop
         data = data_records(exp, cfg, seed)
         for r in data: say(f"data: {describe_data(r)}")
         tc = TrainConfig.from_dict(cfg)
-        info = train(d, reverse, train_x, watch, tc, checkpoint=out / 'checkpoint.pt',
-                     device=device, progress=progress, full_config=cfg, init=init)
+        info = train(d, reverse, train_x, held_x if watch is None else watch, tc,
+                     out / 'checkpoint.pt', device, progress, full_config=cfg, init=init)
         info.update(peak_memory_mb=peak_memory_mb(device), data=data,
                     steps_per_second=info['steps'] / max(info['train_seconds'], 1e-9))
         if rank == 0:

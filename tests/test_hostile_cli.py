@@ -245,3 +245,15 @@ def test_stand_in_provenance_is_said(tmp_path, fresh_data, capsys, monkeypatch):
                                                            ('valid', True)]
     assert "a stand-in, not the paper's data" in describe_data(recs[0])
     assert 'photo-patch stand-in (not CIFAR-10)' in describe_data(recs[0])
+
+
+@pytest.mark.parametrize('exp, setting, words', [
+    ('cifar10', 'covariance=full', "covariance must be one of ('diagonal', 'eigen')"),
+    ('mnist', 'variant=foo', "variant must be one of ('paper', 'reference')"),
+    ('cifar10', 'patience=-1', 'patience must be an integer >= 0'),
+])
+def test_settings_a_model_refuses_are_one_line(tmp_path, exp, setting, words):
+    "A --set value that only the model's constructor can judge still ends in one line, code 1."
+    r = dpm('train', exp, '--small', '--set', setting, '--out', str(tmp_path / 'o'), '--no-progress')
+    one_line(r, words, code=1)
+    assert not (tmp_path / 'o' / 'model.pt').exists()
