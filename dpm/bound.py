@@ -20,7 +20,7 @@ def reverse_step(d: Diffusion, reverse, xt, t):
     if not bool(first.any()): return out
     # rows with t = 1 take $T_\pi(x_0 | x_1; \beta_1)$, the others the model
     fixed, mask = d.kernel(xt, torch.ones_like(t)), first.view(-1, *([1] * (xt.ndim - 1)))
-    # T_pi's variance is the same in every coordinate, hence in any basis the model's output has
+    # T_pi's variance is the same in every coordinate, so it holds in the model's basis as well
     if isinstance(out, tuple):
         return tuple(torch.where(mask, f, o) for f, o in zip(fixed, out)) + tuple(out[2:])
     return torch.where(mask, fixed, out)

@@ -322,3 +322,16 @@ def test_both_recipes_run_where_the_diffusion_is(device):
         assert x.device.type == device and x.shape == y.shape and torch.isfinite(x).all()
         x = inpaint(d, model, y, mask, recipe=recipe)
         assert torch.equal(x[mask], y[mask])
+
+
+def test_mean_shift_with_a_basis_is_the_full_covariance_step():
+    "eq-post-mean-shift for N(mu, U diag(v) U^T): mu + w C grad log r(mu), C dense; variance kept."
+    g = torch.Generator().manual_seed(5)
+    U = torch.linalg.qr(torch.randn(4, 4, generator=g, dtype=torch.float64))[0]
+    mu, y = torch.randn(2, 3, 4, generator=g, dtype=torch.float64)
+    v = torch.rand(3, 4, generator=g, dtype=torch.float64) + 0.1
+    d = GaussianDiffusion(torch.full((5,), 0.1, dtype=torch.float64))
+    m2, v2, U2 = LogDensity(lambda x: -0.5 * ((x - y) ** 2).sum(1)).perturb(d, (mu, v, U), 0.7)
+    C = U @ torch.diag_embed(v) @ U.T                           # (3, 4, 4): one per row
+    expect = mu + 0.7 * (C @ (y - mu)[..., None])[..., 0]
+    assert torch.allclose(m2, expect, atol=1e-12) and torch.equal(v2, v) and U2 is U
