@@ -15,7 +15,7 @@ from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import ImageReverse, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound, repo_root
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
-from .bound import _draw, _reverse_step
+from .bound import _draw, _reverse_step, cat_kernels
 from .posterior import _recipe, _eigen_steps, GaussianDataReverse
 from .baselines import grouped_se
 
@@ -133,7 +133,7 @@ class Batched(torch.nn.Module):
         n = max(1, self.values // max(1, x[0].numel()))
         if len(x) <= n: return self.reverse(x, t)
         outs = [self.reverse(a, b) for a, b in zip(x.split(n), t.split(n))]
-        return tuple(torch.cat(o) for o in zip(*outs))
+        return cat_kernels(outs)
 
 
 # %% ../nbs/15_bark.ipynb #a12aa95c
@@ -300,7 +300,7 @@ def _tilted(d, params, blocks: list, M: int, s: int):
     "Each block of M rows of a kernel times its observation's r_s (eq-post-kernel-norm)."
     parts = [r.perturb_step(d, tuple(p[i * M:(i + 1) * M] for p in params), 1.0, s)
              for i, r in enumerate(blocks)]
-    return tuple(torch.cat(z) for z in zip(*parts))
+    return cat_kernels(parts)
 
 def _step(d, model, x, t: int, blocks: list, M: int):
     "Draw x^(t-1) given x^(t) for blocks of M rows, each block with its own observation."

@@ -116,3 +116,13 @@ def test_eigen_kernel_refusals(d):
         inpaint(d, net, x[:2], mask)
     with pytest.raises(ValueError, match="'diagonal', 'eigen'"):
         LinearReverse(d, (1, 4, 4), lin.fit, covariance='full')
+
+
+def test_cat_kernels_shares_a_basis(d):
+    "Row blocks of kernel parameters join along the rows; a basis is kept once, not stacked."
+    from dpm.bound import cat_kernels
+    x, lin, _ = _eigen_pair(d, 2)
+    parts = [lin(x[:3], torch.full((3,), 4)), lin(x[3:5], torch.full((2,), 7))]
+    m, v, U = cat_kernels(parts)
+    assert m.shape == (5, 1, 4, 4) and v.shape == (5, 1, 4, 4) and U is parts[0][2]
+    assert torch.equal(cat_kernels([x[:2], x[2:4]]), x[:4])
