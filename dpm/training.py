@@ -709,6 +709,8 @@ _COUNTERS = ('step', 'history', 'train_seconds', 'running', 'restarts')   # chec
 def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint,
            init=None) -> _RunState:
     "State restored from `checkpoint` if it exists, else warm-started from `init`, else seeded."
+    if cfg.patience and world()[1] > 1:           # the history lives on one process only
+        raise ConfigError("patience (stopping on held-out K) needs a single process")
     opt = _optimizer(cfg, _param_groups(model, cfg))
     ema = WeightAverage(model, cfg.ema) if cfg.ema else None
     state = _RunState(model, opt, ema, torch.Generator(device='cpu'), full_config, device)
@@ -817,11 +819,8 @@ def _no_better(history: list, patience: int) -> bool:
     bits = [h['heldout_bits'] for h in history]
     return max(bits[-patience:]) < max(bits[:-patience])
 
-def _watch(state: _RunState, heldout, cfg: TrainConfig, last_eval, stop: bool) -> tuple:
+def _watch(state: _RunState, heldout, cfg: TrainConfig, last_eval, stop: bool, rank) -> tuple:
     "The held-out evaluation when it is due, then eq-train-stop: (last K, stop)."
-    rank, n_proc = world()
-    if cfg.patience and n_proc > 1:
-        raise ConfigError("patience (stopping on held-out K) needs a single process")
     if not (rank == 0 and heldout is not None and cfg.eval_every
             and state.step % cfg.eval_every == 0 and state.step < cfg.steps):
         return last_eval, stop
@@ -898,7 +897,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
         stop = _step(state, objective, batch, cfg, t_start)
         state.train_seconds = t_done + time.perf_counter() - t_start
         per_second = (state.step - step_0) * B / max(time.perf_counter() - t_start, 1e-9)
-        last_eval, stop = _watch(state, heldout, cfg, last_eval, stop)
+        last_eval, stop = _watch(state, heldout, cfg, last_eval, stop, rank)
         _show(bar, state, per_second, last_eval)
         if checkpoint is not None and rank == 0 and _due(cfg, state.step, stop, last_save):
             _save(state, checkpoint); last_save = time.perf_counter()
