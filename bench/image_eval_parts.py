@@ -15,6 +15,7 @@ from dpm.baselines import LinearReverse, VAR_MIN, paired_bounds
 from dpm.image_network import ImageReverse
 from dpm.training import train_or_load, build
 from dpm import mnist as mn, dead_leaves as dl
+from before_after import cpu, pair_recorder          # bench/ is the script's directory
 
 
 def raw_before(self, xt, t):
@@ -46,10 +47,6 @@ class Before:
         self.saved = ImageReverse.raw, LinearReverse.forward
         ImageReverse.raw, LinearReverse.forward = raw_before, linear_before
     def __exit__(self, *a): ImageReverse.raw, LinearReverse.forward = self.saved
-
-
-def cpu(f):
-    t0 = time.process_time(); out = f(); return out, time.process_time() - t0
 
 
 def kmeans_plain(x, k, iters=20, seed=0):
@@ -92,12 +89,7 @@ def main():
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
-    def pair(what, before, after, diff):
-        (a, tb), (b, ta) = cpu(before), cpu(after)
-        rows.append(dict(what=what, before_cpu_s=round(tb, 2), after_cpu_s=round(ta, 2),
-                         speedup=round(tb / ta, 1), max_abs_diff=float(diff(a, b))))
-        print(f"{what:64s} {tb:7.2f} s -> {ta:6.2f} s  (x{tb / ta:4.1f}), max |diff| "
-              f"{rows[-1]['max_abs_diff']:.2e}", flush=True)
+    pair = pair_recorder(rows, cpu, unit='cpu_s', width=64, digits=4)
     kdiff = lambda a, b: max((a[k]['k'] - b[k]['k']).abs().max().item() for k in a)
     n = args.n
     with torch.no_grad():

@@ -11,10 +11,7 @@ import torch
 from dpm.config import small_scale
 from dpm.diffusion import LN2
 from dpm import swiss_roll as sr, heartbeat as hb
-
-
-def timed(f):
-    t0 = time.perf_counter(); out = f(); return out, time.perf_counter() - t0
+from before_after import wall, pair_recorder          # bench/ is the script's directory
 
 
 def log_q_every_node(x, noise, m=40_000, batch=500):
@@ -43,11 +40,7 @@ def main():
     ap = argparse.ArgumentParser(); ap.add_argument('--out'); args = ap.parse_args()
     torch.set_num_threads(1)
     rows = []
-    def pair(what, before, after, diff):
-        (a, tb), (b, ta) = timed(before), timed(after)
-        rows.append(dict(what=what, before_s=round(tb, 2), after_s=round(ta, 2),
-                         speedup=round(tb / ta, 1), max_abs_diff=float(diff(a, b))))
-        print(f"{what:58s} {tb:7.2f} s -> {ta:6.2f} s  (x{tb / ta:5.1f}), max |diff| {rows[-1]['max_abs_diff']:.2e}")
+    pair = pair_recorder(rows, wall)
     with torch.inference_mode():
         cfg = sr.SWISS_ROLL.resolve(None)
         held = sr._data(cfg, 0)[1]
