@@ -5,7 +5,7 @@ __all__ = ['L_NULL_BITS', 'TILE_MAX', 'RECIPES', 'RESAMPLE', 'GAUSS_MODEL_MAX_D'
            'bark_levels', 'heldout_groups', 'bark_scaler', 'inpaint_images', 'bark_reverse', 'resized', 'ceiling_bits',
            'Batched', 'autocovariance', 'lag_covariance', 'hole_mask', 'hole_of', 'gaussian_inpaint', 'harmonic_fill',
            'radial_power', 'spectrum_distance', 'histogram_distance', 'inpaint_study', 'fill_holes', 'resample_steps',
-           'StationaryReverse', 'stationary_model', 'plot_figure5']
+           'stationary_model', 'plot_figure5']
 
 # %% ../nbs/15_bark.ipynb #66b83a12
 import math, time, functools
@@ -16,7 +16,7 @@ from .image_network import ImageReverse, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound, repo_root
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 from .bound import _draw, _reverse_step, cat_kernels
-from .posterior import _recipe, _eigen_steps, GaussianDataReverse
+from .posterior import _recipe, GaussianDataReverse
 from .baselines import grouped_se
 
 
@@ -352,29 +352,14 @@ def _recipe_fills(d, model, xs, known, n: int, seed: int, resample: bool = False
 
 
 # %% ../nbs/15_bark.ipynb #bcb32a15
-class StationaryReverse(GaussianDataReverse):
-    "GaussianDataReverse (eq-post-eigen) of R x R images, covariance c (eq-bark-acov), float32."
-    def __init__(self, d, mu, c, R: int):
-        torch.nn.Module.__init__(self)
-        grid = torch.stack(torch.meshgrid(torch.arange(R), torch.arange(R), indexing='ij'), -1)
-        cov = lag_covariance(c.float().cpu(), grid.reshape(-1, 2), grid.reshape(-1, 2))
-        lam, U = torch.linalg.eigh(cov)
-        if lam.min() < -1e-5 * lam.abs().max(): raise ValueError("dpm: c is not a covariance")
-        a, v = _eigen_steps(d, lam.double().clamp_min(0))
-        # $\mathbf v_t = (U\circ U)\,\mathbf c_t$
-        buffers = dict(U=U, a=a.float(), v=v.float() @ (U ** 2).T,
-                       m=torch.full((R * R,), float(mu)),
-                       sqrt_alpha_bar=d.alphas_bar().detach().double().cpu().sqrt())
-        for name, value in buffers.items(): self.register_buffer(name, value)
-        self.to(d.device)
-
 def stationary_model(d, mu, c, R: int):
-    "The perfect Gaussian model (eq-post-eigen) of R x R images, covariance c (eq-bark-acov)."
+    "The perfect Gaussian model (eq-post-eigen) of R x R images, covariance c (eq-bark-acov): fp32."
     if R * R > GAUSS_MODEL_MAX_D:
         raise ValueError(f"dpm: a Gaussian model of {R}x{R} images needs a {R * R}-dimensional "
                          f"eigenbasis, more than GAUSS_MODEL_MAX_D = {GAUSS_MODEL_MAX_D}")
-    return StationaryReverse(d, mu, c, R)
-
+    grid = torch.stack(torch.meshgrid(torch.arange(R), torch.arange(R), indexing='ij'), -1)
+    cov = lag_covariance(c.float().cpu(), grid.reshape(-1, 2), grid.reshape(-1, 2))
+    return GaussianDataReverse(d, torch.full((R * R,), float(mu)), cov, torch.float32)
 
 # %% ../nbs/15_bark.ipynb #15a55ed7
 @torch.no_grad()

@@ -532,17 +532,19 @@ class GaussianDataReverse(nn.Module):
     def __init__(self,
                  d: GaussianDiffusion,   # the diffusion this model reverses
                  mean,                   # the data mean m: D values, any shape
-                 cov):                   # the data covariance Sigma, (D, D), positive semi-definite
+                 cov,                    # the data covariance Sigma, (D, D), positive semi-definite
+                 dtype=torch.float64):   # of the eigenbasis and the buffers (float32: large D)
         super().__init__()
-        cov = torch.as_tensor(cov, dtype=torch.float64).detach().cpu()
+        cov = torch.as_tensor(cov, dtype=dtype).detach().cpu()
         if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or not torch.isfinite(cov).all():
             raise ValueError(f"cov must be a finite (D, D) matrix, got shape {tuple(cov.shape)}")
         lam, U = torch.linalg.eigh((cov + cov.T) / 2)
-        if lam.min() < -1e-8 * lam.abs().max():
+        if lam.min() < -(1e-8 if dtype == torch.float64 else 1e-5) * lam.abs().max():
             raise ValueError("cov must be positive semi-definite")
-        a, c = _eigen_steps(d, lam.clamp_min(0))
+        a, c = _eigen_steps(d, lam.double().clamp_min(0))              # float64 in any case
         # $\mathbf v_t = (U\circ U)\,\mathbf c_t$
-        buffers = dict(U=U, a=a, v=c @ (U ** 2).T, m=_data_mean(mean, cov.shape[0]),
+        buffers = dict(U=U, a=a.to(dtype), v=c.to(dtype) @ (U ** 2).T,
+                       m=_data_mean(mean, cov.shape[0]).to(dtype),
                        sqrt_alpha_bar=d.alphas_bar().detach().double().cpu().sqrt())
         for name, value in buffers.items(): self.register_buffer(name, value)
         self.to(d.device)
