@@ -832,7 +832,7 @@ def _held_out_eval(state: _RunState, heldout, seed: int) -> float:
     m = state.model if state.ema is None else state.ema.module     # evaluate the weights we keep
     m.eval()
     with torch.random.fork_rng(devices=[state.device] if state.device.type == 'cuda' else []):
-        torch.manual_seed(seed + 7919 * state.step)     # training's random stream untouched
+        torch.manual_seed(seed + 7919)           # the same noise at every evaluation
         r = evaluate_bound(m['diffusion'], m['reverse'], heldout)
     m.train()
     state.history.append(dict(step=state.step, heldout_bits=r['K_bits'], running_bits=state.running,
