@@ -57,7 +57,7 @@ setuptools.setup(
     ],
     packages=setuptools.find_packages(include=[cfg['lib_name'], cfg['lib_name'] + '.*']),
     include_package_data=True,
-    package_data={cfg['lib_name']: ['assets/*', 'assets/mnist/*']},   # dpm/assets, see MANIFEST.in
+    package_data={cfg['lib_name']: ['assets/*', 'assets/mnist/*', 'assets/photos/*']},   # dpm/assets, see MANIFEST.in
     python_requires=f'>={cfg["min_python"]}',
     install_requires=cfg['requirements'].split(),
     extras_require={'dev': cfg['dev_requirements'].split()},

@@ -318,6 +318,17 @@ def test_cifar_standin():
     assert not (load_cifar10('train', n=300, seed=1).images == tr.images).all()
 
 
+def test_shipped_photos(monkeypatch):
+    "dpm's own photographs: listed in photos.md, shorter side 256, and a damaged file is refused."
+    manifest = (ROOT / 'dpm' / 'assets' / 'photos' / 'photos.md').read_text()
+    for name, (licence, sha) in D.PHOTOS_DEBIAN.items():
+        assert f'| {name}.png |' in manifest and sha in manifest
+        assert (name in D.PHOTOS_TRAIN) != (name in D.PHOTOS_TEST)
+    assert min(D._photo('wine').shape[:2]) == 256
+    monkeypatch.setitem(D.PHOTOS_DEBIAN, 'wine', ('CC BY 4.0', '0' * 64))
+    with pytest.raises(ValueError, match='does not match its sha256'): D._photo('wine')
+
+
 def test_bark(tmp_path):
     for k, c in enumerate(D.BARK_CLASSES):
         (tmp_path / 'uiuc' / c).mkdir(parents=True)
