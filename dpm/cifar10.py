@@ -15,7 +15,7 @@ from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, networ
                                linear_path)
 from .training import Experiment, train_or_load, evaluate_bound
 from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, PHOTOS_TRAIN,
-                      photo_tiles, data_checksum)
+                      photo_tiles, data_checksum, PHOTO_SOURCE)
 from .posterior import denoise
 from .baselines import (fit_gaussian, gaussian_log_prob, image_baselines, paired, GaussianFit,
                            LinearReverse)
@@ -69,7 +69,7 @@ def _split_valid(tr, n_train: int, seed: int) -> tuple:
     train, labels = tr.images[:n_train][tr.labels[:n_train] != k], tr.labels[:n_train]
     rest = {p: v for p, v in PHOTOS_TRAIN.items() if p != VALID_PHOTO}
     rec = replace(tr.record, n=len(train), checksum=data_checksum(train, labels[labels != k]),
-                  source='scikit-image data: ' + ', '.join(rest),
+                  source=PHOTO_SOURCE + ', '.join(rest),
                   licence='; '.join(f'{p}: {v}' for p, v in rest.items()),
                   note=tr.record.note + f'; the patches of {VALID_PHOTO} dropped (validation)')
     va = torch.from_numpy(photo_tiles([VALID_PHOTO], seed=seed + 2)[0])
@@ -132,13 +132,13 @@ def _valid(cfg, seed):
 
 # %% ../nbs/14_cifar10.ipynb #4047a1ed
 _CONFIG = dict(size=16, n_train=20_000, n_heldout=1000, n_eval=250, n_denoise=16, n_posterior=4,
-               T=100, beta_1=5e-5, learn_schedule=False, schedule_bumps=10,   # eq-base-floor
+               T=100, beta_1=1e-5, learn_schedule=False, schedule_bumps=10,   # eq-base-floor
                variant='reference', linear_path=True,          # eq-net-ref-kernel, eq-net-residual
                covariance='eigen',                             # eq-net-residual-eig
                n_scales=3, conv_channels=32, conv_layers=3, kernel_size=3, dense_hidden=300,
                dense_layers=2, dense_channels=3, hidden_1x1=48, layers_1x1=2, n_bumps=10,
                steps=24_000, batch_size=32, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
-               eval_every=1500, eval_size=200, patience=2,           # eq-train-stop
+               eval_every=1500, eval_size=200, patience=8,           # eq-train-stop
                checkpoint_every=500, eval_batch=125)
 _SMALL = dict(size=8, n_train=400, n_heldout=40, n_eval=40, n_denoise=4, n_posterior=2, T=10,
               n_scales=2, conv_channels=4, conv_layers=1, dense_hidden=16, dense_channels=1,
