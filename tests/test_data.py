@@ -321,11 +321,11 @@ def test_cifar_standin():
 def test_shipped_photos(monkeypatch):
     "dpm's own photographs: listed in photos.md, shorter side 256, and a damaged file is refused."
     manifest = (ROOT / 'dpm' / 'assets' / 'photos' / 'photos.md').read_text()
-    for name, (licence, sha) in D.PHOTOS_DEBIAN.items():
+    for name, sha in D.PHOTO_SHA256.items():
         assert f'| {name}.png |' in manifest and sha in manifest
-        assert (name in D.PHOTOS_TRAIN) != (name in D.PHOTOS_TEST)
+        assert (name in D.PHOTOS_TRAIN) != (name in D.PHOTOS_TEST) and name in D.PHOTOS_DEBIAN
     assert min(D._photo('wine').shape[:2]) == 256
-    monkeypatch.setitem(D.PHOTOS_DEBIAN, 'wine', ('CC BY 4.0', '0' * 64))
+    monkeypatch.setitem(D.PHOTO_SHA256, 'wine', '0' * 64)
     with pytest.raises(ValueError, match='does not match its sha256'): D._photo('wine')
 
 

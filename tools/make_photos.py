@@ -7,7 +7,7 @@ lomiri-wallpapers-20.04=20.04.0-2` (Debian 12). Each photograph is resized so th
 is 256 pixels, exactly as `dpm.data` resizes every photograph of the CIFAR-10 stand-in
 (skimage.transform.resize with anti-aliasing, rounded to 8 bits), and written as a lossless PNG.
 The illustrations of the packages (abstract patterns, drawn scenes) are left out. The script prints
-the rows of `PHOTOS_DEBIAN` for nbs/12_image_data.ipynb and writes photos.md, the provenance.
+the rows of `PHOTO_SHA256` for nbs/12_image_data.ipynb and writes photos.md, the provenance.
 """
 import hashlib, subprocess, sys, tempfile
 from pathlib import Path
@@ -87,7 +87,7 @@ def main(deb_dir: Path, out: Path):
               "Package sha256: " + "; ".join(f"{d}: {s}" for d, s in DEBS.items()), ""]
     (out / 'photos.md').write_text('\n'.join(lines))
     for name, src, deb, src_sha, shape, author, licence, png_sha in rows:
-        print(f"    '{name}': ('{licence}, {author}', '{png_sha}'),")
+        print(f"    '{name}': '{png_sha}',")
 
 
 if __name__ == '__main__':
