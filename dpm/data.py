@@ -290,8 +290,8 @@ class _Refused(DataError, pickle.UnpicklingError):
     "A pickle that asks for something a CIFAR-10 batch never holds."
 
 def _refuse(u, what: str):
-    raise _Refused(f"{u.path}: {what} (a CIFAR-10 batch holds only dicts, lists, bytes, integers "
-                   f"and integer arrays)")
+    raise _Refused(f"{u.path} is not a readable CIFAR-10 batch: {what} (a batch holds only dicts, "
+                   f"lists, bytes, integers and integer arrays)")
 
 # %% ../nbs/12_image_data.ipynb #c1fa0005
 def _check_array(u, shape, dtype, raw) -> bytes:
