@@ -28,11 +28,11 @@ def _levels(split: str, n: int, patch: int, region: int, seed: int):
     "Cached 8-bit bark (or stand-in) images of one split: dpm.data.ImageData."
     return load_bark(split, n=n, patch=patch, region=region, seed=seed)
 
-TILE_MAX = 64     # inpainting images up to this side: 2 tiles of a held-out crop twice as large
+TILE_MAX = 64     # inpainting images up to this side: every tile of a held-out crop 4 times as large
 
 def inpaint_tiles(cfg: dict) -> int:
-    "How many R x R tiles on the diagonal of each held-out crop are inpainted (R = inpaint_size)."
-    return 2 if int(cfg['inpaint_size']) <= TILE_MAX else 1
+    "Tiles per side of the held-out crop whose R x R tiles are all inpainted (R = inpaint_size)."
+    return 4 if int(cfg['inpaint_size']) <= TILE_MAX else 1
 
 def bark_levels(cfg: dict, seed: int = 0):
     "8-bit (train patches, held-out patches, inpainting images), uint8 (N, 1, H, W) each, + record."
@@ -40,8 +40,9 @@ def bark_levels(cfg: dict, seed: int = 0):
     tr = _levels('train', int(cfg['n_train']), int(cfg['size']), R, seed)
     ho = _levels('test', int(cfg['n_heldout']), int(cfg['size']), R, seed)
     crops = _levels('inpaint', 1, int(cfg['size']), k * R, seed).images
-    # the k tiles on the diagonal of each crop, crop after crop: (k M, 1, R, R)
-    ip = torch.stack([crops[..., j * R:(j + 1) * R, j * R:(j + 1) * R] for j in range(k)], 1)
+    # every R x R tile of each crop, row by row, crop after crop: (k^2 M, 1, R, R)
+    ip = torch.stack([crops[..., a * R:(a + 1) * R, b * R:(b + 1) * R]
+                      for a in range(k) for b in range(k)], 1)
     return tr.images, ho.images, ip.flatten(0, 1), tr.record
 
 def heldout_groups(cfg: dict, seed: int = 0):
@@ -489,7 +490,8 @@ def plot_figure5(x, known, fills, scaler: Scaler, image: int = 0):
 def _figures(d, reverse, cfg, heldout):
     _, _, fills, x, known = inpaint_study(d, reverse, cfg, cfg.get('seed', 0))
     scaler = Scaler(d.scaler_shift.item(), d.scaler_scale.item())
-    return {f'figure5_{i}': plot_figure5(x, known, fills, scaler, i) for i in range(len(x))}
+    first = range(0, len(x), inpaint_tiles(cfg) ** 2)            # one tile of each held-out crop
+    return {f'figure5_{i}': plot_figure5(x, known, fills, scaler, i) for i in first}
 
 # %% ../nbs/15_bark.ipynb #1e51eab2
 _records = lambda cfg, seed: [bark_levels(cfg, seed)[3]]         # which data a run used (ch. 05)

@@ -6,7 +6,7 @@ import dpm.cli as cli
 from dpm.bark import (BARK, BARK_GPU, _build, _data, _evaluate, _figures, bark_levels, resized,
                       hole_mask, hole_of, autocovariance, lag_covariance, gaussian_inpaint,
                       harmonic_fill, histogram_distance, spectrum_distance, gaussian_log_likelihood,
-                      ceiling_bits, bark_scaler, inpaint_study)
+                      ceiling_bits, bark_scaler, inpaint_study, inpaint_tiles)
 
 
 @pytest.fixture(autouse=True)
@@ -19,9 +19,11 @@ def test_data_units_and_record():
     train_k, held_k, paint_k, rec = bark_levels(cfg)
     assert train_k.dtype == torch.uint8 and train_k.shape[1:] == (1, cfg['size'], cfg['size'])
     assert paint_k.shape[-1] == cfg['inpaint_size']
-    from dpm.bark import _levels, inpaint_tiles               # two tiles of each held-out crop
-    crops = _levels('inpaint', 1, cfg['size'], 2 * cfg['inpaint_size'], 0).images
-    assert inpaint_tiles(cfg) == 2 and len(paint_k) == 2 * len(crops)
+    from dpm.bark import _levels, inpaint_tiles               # every tile of each held-out crop
+    R = cfg['inpaint_size']
+    crops = _levels('inpaint', 1, cfg['size'], 4 * R, 0).images
+    assert inpaint_tiles(cfg) == 4 and len(paint_k) == 16 * len(crops)
+    assert torch.equal(paint_k[5], crops[0, :, R:2 * R, R:2 * R])          # row 1, column 1 of crop 0
     assert len(torch.unique(paint_k.flatten(1), dim=0)) == len(paint_k)    # distinct tiles
     assert rec.stand_in == ('not UIUC bark' in rec.name)
     train, held = _data(cfg, 0)
@@ -110,7 +112,7 @@ def test_evaluate_and_figures_small(tmp_path):
     assert all(math.isfinite(v['mse']) and v['mse'] >= 0 for v in ip.values())
     json.dumps(res)                                                   # the record is JSON
     figs = _figures(d, rev, cfg, held)
-    assert len(figs) == res['inpaint_info']['images']
+    assert len(figs) == res['inpaint_info']['images'] // inpaint_tiles(cfg) ** 2   # one per crop
     assert inpaint_study(d, rev, cfg, 0) is inpaint_study(d, rev, cfg, 0)     # shared, not redone
 
 
