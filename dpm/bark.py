@@ -28,7 +28,7 @@ def _levels(split: str, n: int, patch: int, region: int, seed: int):
     "Cached 8-bit bark (or stand-in) images of one split: dpm.data.ImageData."
     return load_bark(split, n=n, patch=patch, region=region, seed=seed)
 
-TILE_MAX = 64     # inpainting images up to this side: every tile of a held-out crop 4 times as large
+TILE_MAX = 64     # inpainting images up to this side: every tile of a held-out crop 4 times wider
 
 def inpaint_tiles(cfg: dict) -> int:
     "Tiles per side of the held-out crop whose R x R tiles are all inpainted (R = inpaint_size)."
