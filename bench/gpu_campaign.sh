@@ -15,9 +15,10 @@
 #    from its committed weights, results/<name>_gpu/weights/<name>_gpu.bf16.NN.pt (WEIGHTS= another
 #    folder), unpacked by bench/weights.py and passed as `dpm train --init`: a warm restart (chapter
 #    05; the record sums steps and time over the GPU runs and lists the restarts), unless its work
-#    folder has a checkpoint (then it resumes). If the weights do not fit the configuration, the run
-#    says so and starts afresh. Each is stopped with a checkpoint after GPU_MIN = 6 minutes of
-#    training (less if the deadline asks), then `dpm evaluate` (at most EVAL_S = 120 s).
+#    folder has a checkpoint (then it resumes). If the weights do not fit the configuration, or were
+#    trained on other training data, the run says so and starts afresh. Each is stopped with a
+#    checkpoint after GPU_MIN = 6 minutes of training (less if the deadline asks), then
+#    `dpm evaluate` (at most EVAL_S = 120 s).
 # 4. Pack: the new weights in bf16 shards under the same names (bench/weights.py), the records and
 #    logs in one archive, all under OUT (at most 8 files come back). INSTALL=1 (the default for a
 #    full-scale GPU run) also puts them into results/, ready to commit: the shards replace the old.
@@ -112,8 +113,9 @@ paper_run() {                 # $1: mnist, dead_leaves, ...; output in $W/logs/p
   }
   train "${init[@]}" 2> "$W/paper_$1.err"; rc=$?; cat "$W/paper_$1.err"
   if [ $rc != 0 ] && [ ${#init[@]} -gt 0 ] && [ ! -f "$dir/checkpoint.pt" ] && grep -q \
-      -e 'another configuration' -e 'different model' -e 'other types' "$W/paper_$1.err"; then
-    echo "the committed weights do not fit this configuration of $n: a fresh start"
+      -e 'another configuration' -e 'different model' -e 'other types' -e 'other training data' \
+      "$W/paper_$1.err"; then
+    echo "the committed weights do not fit this configuration or data of $n: a fresh start"
     train; rc=$?
   fi
   rm -f "$dir/record.json"                                # a record of this run's weights or none

@@ -1135,6 +1135,18 @@ def _warm_init(exp: Experiment, checkpoint: Path, init, say: Callable):
         f"a fresh optimiser")
     return init
 
+def _check_init_data(init, data: list):
+    "The model file `init` was trained on this run's training data (by checksum), else an error."
+    if init is None: return
+    stored = load_checkpoint(init)['info'].get('data') or []
+    was = {r.get('split'): r.get('checksum') for r in stored if isinstance(r, dict)}
+    now = {r.get('split'): r.get('checksum') for r in data}
+    if was.get('train') and now.get('train') and was['train'] != now['train']:
+        raise CheckpointError(f"--init {init} was trained on other training data (checksum "
+                              f"{was['train'][:12]}..., this run's {now['train'][:12]}...): "
+                              f"start afresh without --init")
+
+
 # %% ../nbs/05_training.ipynb #361e6ad1
 def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=None,
         progress: bool = True, say: Callable = None, init=None):
@@ -1153,7 +1165,7 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
             raise ConfigError(f"{exp.name} cannot be built with these settings: {e}") from None
         train_x, held_x = experiment_data(exp, cfg, seed)
         watch = exp.valid(cfg, seed) if exp.valid else None            # eq-train-stop
-        data = data_records(exp, cfg, seed)
+        _check_init_data(init, data := data_records(exp, cfg, seed))      # a warm start's data
         for r in data: say(f"data: {describe_data(r)}")
         tc = TrainConfig.from_dict(cfg)
         info = train(d, reverse, train_x, held_x if watch is None else watch, tc,

@@ -125,6 +125,24 @@ def test_warm_restart_from_unpacked_shards(models, tmp_path):
                  '--init', str(tmp_path / 'init' / 'model.pt'), check=False), "not of 'swiss_roll'")
 
 
+
+def test_warm_restart_refuses_weights_of_other_training_data(tmp_path):
+    "A model file whose record names other training data (a changed stand-in) is not warm-started."
+    from dpm.training import atomic_save, load_checkpoint
+    quick = ['--set', 'eval_every=0', '--no-progress']
+    dpm('train', 'mnist', '--out', str(tmp_path / 'first'), '--set', 'steps=2', *quick)  # + its data
+    ck = load_checkpoint(tmp_path / 'first' / 'model.pt')
+    assert any(r.get('split') == 'train' and r.get('checksum') for r in ck['info']['data'])
+    ck['info']['data'] = [dict(r, checksum='0' * 64) if r.get('split') == 'train' else r
+                          for r in ck['info']['data']]
+    atomic_save({k: v for k, v in ck.items() if k != 'checksum'}, tmp_path / 'old.pt')
+    r = dpm('train', 'mnist', '--out', str(tmp_path / 'next'), *quick, '--set', 'steps=4',
+            '--init', str(tmp_path / 'old.pt'), check=False)
+    one_line(r, 'other training data', 'start afresh')
+    assert not (tmp_path / 'next' / 'model.pt').exists()
+    dpm('train', 'mnist', '--out', str(tmp_path / 'same'), *quick, '--set', 'steps=4',
+        '--init', str(tmp_path / 'first' / 'model.pt'))                  # the same data: warm start
+
 @pytest.mark.parametrize('name', ['mnist', 'cifar10', 'dead_leaves', 'bark'])
 def test_committed_weights_unpack_to_the_recorded_model(name, tmp_path):
     "results/<name>_gpu/weights: the model the committed record describes, loadable for --init."
