@@ -192,16 +192,18 @@ EVAL_CHUNK = 1 << 16                  # numbers per network call while evaluatin
 @torch.no_grad()
 def paired_bounds(d, models: dict, x, seed: int = 0, batch_size: int = 500,
                   chunk: int = EVAL_CHUNK) -> dict:
-    "Per-image K (nats) and mean KL per t of each model, same images and noise (eq-base-paired)."
+    """Per-image K (nats), KL terms per image and t = 2..T (`kl`) and their mean per t (`kl_t`) of
+    each model, on the same images with the same noise (eq-base-paired)."""
     out = {}
     for name, reverse in models.items():
         torch.manual_seed(seed)                        # common random numbers for every model
-        ks, kl_t = [], 0
+        ks, kl = [], []
         for xb in x.split(int(batch_size)):
             prior, first, kls = d.bound_terms(reverse, xb.to(d.device), chunk=chunk)
             ks.append((prior + first - kls.sum(1)).double().cpu())
-            kl_t = kl_t + kls.double().sum(0).cpu()
-        out[name] = dict(k=torch.cat(ks), kl_t=kl_t / len(x))
+            kl.append(kls.double().cpu())
+        kl = torch.cat(kl)
+        out[name] = dict(k=torch.cat(ks), kl=kl, kl_t=kl.mean(0))
     return out
 
 def paired(a: torch.Tensor, b: torch.Tensor, groups=None) -> tuple:

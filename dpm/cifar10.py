@@ -315,9 +315,9 @@ def _evaluate(d, reverse, cfg, heldout):
     out.update(n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
                denoise_seconds=denoise_seconds, data=rec.name, stand_in=rec.stand_in)
     out.update(_denoise_numbers(den, None if groups is None else groups[:n_den]))
-    if _images(*_key(cfg, seed))[5] is not None:     # the validation photograph (eq-train-stop)
-        out['valid_baselines'] = image_baselines(d, reverse, train, _valid(cfg, seed).to(dev),
-                                                 seed + 1, cfg['eval_batch'])
+    if (valid := _valid(cfg, seed)) is not None:      # the validation images (eq-train-stop)
+        out['valid_baselines'] = image_baselines(d, reverse, train, valid.to(dev), seed + 1,
+                                                 cfg['eval_batch'])
     return out
 
 # %% ../nbs/14_cifar10.ipynb #8b4e8c84
