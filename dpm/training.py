@@ -1119,11 +1119,11 @@ def write_json(obj, path):
 
 # %% ../nbs/05_training.ipynb #f3a70006
 def _warm_init(exp: Experiment, checkpoint: Path, init, say: Callable):
-    "The model file a run of `exp` warm-starts from (eq-train-warm): `init`, checked, or None."
-    if init is None: return None
+    "(the model file a run warm-starts from (eq-train-warm), checked, or None; its data records)"
+    if init is None: return None, []
     if checkpoint.exists():
         say(f"resuming from {checkpoint}; --init {init} ignored (the checkpoint continues exactly)")
-        return None
+        return None, []
     ck = load_checkpoint(init)
     if ck.get('kind') != 'model':
         raise CheckpointError(f"--init {init} is a training checkpoint, not a model file: to "
@@ -1133,12 +1133,10 @@ def _warm_init(exp: Experiment, checkpoint: Path, init, say: Callable):
                               f"{ck.get('experiment')!r}, not of {exp.name!r}")
     say(f"warm restart from {init}: its weights at step {ck['info'].get('steps', 0):,}, "
         f"a fresh optimiser")
-    return init
+    return init, ck['info'].get('data') or []
 
-def _check_init_data(init, data: list):
-    "The model file `init` was trained on this run's training data (by checksum), else an error."
-    if init is None: return
-    stored = load_checkpoint(init)['info'].get('data') or []
+def _check_init_data(init, stored: list, data: list):
+    "`init`'s record (`stored`) names this run's training data (by checksum), else an error."
     was = {r.get('split'): r.get('checksum') for r in stored if isinstance(r, dict)}
     now = {r.get('split'): r.get('checksum') for r in data}
     if was.get('train') and now.get('train') and was['train'] != now['train']:
@@ -1158,14 +1156,14 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
     with out_lock(out_dir) if rank == 0 else nullcontext(Path(out_dir)) as out:
         if rank == 0 and (gone := remove_leftovers(out, older=True)):
             say(f"removed {len(gone)} temporary file(s) of interrupted writes from {out}")
-        init = _warm_init(exp, out / 'checkpoint.pt', init, say)
+        init, init_data = _warm_init(exp, out / 'checkpoint.pt', init, say)
         try: d, reverse = build(exp, cfg, seed, device)
         except DpmError: raise
         except ValueError as e:               # settings the model refuses together, e.g. --set
             raise ConfigError(f"{exp.name} cannot be built with these settings: {e}") from None
         train_x, held_x = experiment_data(exp, cfg, seed)
         watch = exp.valid(cfg, seed) if exp.valid else None            # eq-train-stop
-        _check_init_data(init, data := data_records(exp, cfg, seed))      # a warm start's data
+        _check_init_data(init, init_data, data := data_records(exp, cfg, seed))
         for r in data: say(f"data: {describe_data(r)}")
         tc = TrainConfig.from_dict(cfg)
         info = train(d, reverse, train_x, held_x if watch is None else watch, tc,
