@@ -7,8 +7,8 @@ __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNI
            'PHOTO_SOURCE', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE',
            'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord',
            'ImageData', 'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch',
-           'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'dequantize',
-           'Scaler', 'nll_bits_per_dim_8bit']
+           'resize_photo', 'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download',
+           'dequantize', 'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, stat, struct, zlib
@@ -502,19 +502,20 @@ def _photo(name: str) -> np.ndarray:
     with Image.open(path) as im: return np.asarray(im.convert('RGB'))
 
 # %% ../nbs/12_image_data.ipynb #7b38a243
+def resize_photo(img: np.ndarray, shorter: int) -> np.ndarray:
+    "An 8-bit photo resized so that its shorter side is `shorter` pixels: anti-aliased, rounded."
+    from skimage import transform
+    f = shorter / min(img.shape[:2])
+    shape = (round(img.shape[0] * f), round(img.shape[1] * f))
+    r = transform.resize(img, shape, anti_aliasing=True, preserve_range=True)
+    return np.clip(np.round(r), 0, 255).astype(np.uint8)
+
 @functools.lru_cache(maxsize=None)
 def _photo_pyramid(name: str):
     "The photo resized to each of PHOTO_SCALES (cached: the resizing takes a second)."
-    from skimage import transform
     img = _photo(name)
     if img.ndim != 3 or img.shape[2] != 3: raise ValueError(f"dpm: {name} is not an RGB photo")
-    out = []
-    for s in PHOTO_SCALES:
-        f = s / min(img.shape[:2])
-        shape = (round(img.shape[0] * f), round(img.shape[1] * f))
-        r = transform.resize(img, shape, anti_aliasing=True, preserve_range=True)
-        out.append(np.clip(np.round(r), 0, 255).astype(np.uint8))
-    return out
+    return [resize_photo(img, s) for s in PHOTO_SCALES]
 
 # %% ../nbs/12_image_data.ipynb #c1fa84c3
 def _check_count(n, per_item: int, what: str) -> int:
@@ -552,7 +553,8 @@ def photo_tiles(photos, size: int = 32, seed: int = 1):
         h, w = img.shape[0] // size, img.shape[1] // size
         grid = img[:h * size, :w * size].reshape(h, size, w, size, 3)
         cells = grid.transpose(0, 2, 4, 1, 3).reshape(h * w, 3, size, size)
-        cells = cells[cells.reshape(h * w, -1).min(1) < cells.reshape(h * w, -1).max(1)]
+        flat = cells.reshape(h * w, -1)
+        cells = cells[flat.min(1) < flat.max(1)]
         tiles.append(cells)
         which += [k] * len(cells)
     order = np.random.default_rng(seed).permutation(len(which))

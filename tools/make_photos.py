@@ -4,8 +4,8 @@
 
 Fetch the packages with `apt-get download lomiri-wallpapers-16.04=20.04.0-2
 lomiri-wallpapers-20.04=20.04.0-2` (Debian 12). Each photograph is resized so that its shorter side
-is 256 pixels, exactly as `dpm.data` resizes every photograph of the CIFAR-10 stand-in
-(skimage.transform.resize with anti-aliasing, rounded to 8 bits), and written as a lossless PNG.
+is 256 pixels by `dpm.data.resize_photo`, as `dpm.data` resizes every photograph of the CIFAR-10
+stand-in, and written as a lossless PNG.
 The illustrations of the packages (abstract patterns, drawn scenes) are left out. The script prints
 the rows of `PHOTO_SHA256` for nbs/12_image_data.ipynb and writes photos.md, the provenance.
 """
@@ -14,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 from PIL import Image
-from skimage import transform
+
+from dpm.data import PHOTO_SCALES, resize_photo
 
 DEBS = {'lomiri-wallpapers-16.04_20.04.0-2_all.deb':
         'a99ff6a3bfe451e4cc0682ecb3cc82e71740626d59e4845ae34a0a0e45421eab',
@@ -38,18 +39,10 @@ PHOTOS = {
     'sunset_by_Aitzol_Berasategi.jpg': ('sunset', 'Aitzol Berasategi, 2018', 'CC-BY-4.0'),
     'Wine_by_Jakkub_Mede.jpg': ('wine', 'Jakub Mede, 2018', 'CC-BY-4.0'),
 }
-SHORTER_SIDE = 256
+SHORTER_SIDE = PHOTO_SCALES[-1]            # the largest scale dpm.data uses
 
 
 def sha256(path) -> str: return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def resized(img: np.ndarray) -> np.ndarray:
-    "Shorter side SHORTER_SIDE, as dpm.data._photo_pyramid resizes: anti-aliased, rounded."
-    f = SHORTER_SIDE / min(img.shape[:2])
-    shape = (round(img.shape[0] * f), round(img.shape[1] * f))
-    r = transform.resize(img, shape, anti_aliasing=True, preserve_range=True)
-    return np.clip(np.round(r), 0, 255).astype(np.uint8)
 
 
 def main(deb_dir: Path, out: Path):
@@ -65,7 +58,7 @@ def main(deb_dir: Path, out: Path):
             deb, f = found[src]
             with Image.open(f) as im: img = np.asarray(im.convert('RGB'))
             png = out / f'{name}.png'
-            Image.fromarray(resized(img)).save(png, optimize=True)
+            Image.fromarray(resize_photo(img, SHORTER_SIDE)).save(png, optimize=True)
             rows.append((name, src, deb, sha256(f), img.shape, author, licence, sha256(png)))
     lines = ["# photos — provenance", "",
              "Colour photographs for the CIFAR-10 stand-in (`dpm.data`, chapter 12), from Debian 12's",
