@@ -9,35 +9,35 @@ stand-in, and written as a lossless PNG.
 The illustrations of the packages (abstract patterns, drawn scenes) are left out. The script prints
 the rows of `PHOTO_SHA256` for nbs/12_image_data.ipynb and writes photos.md, the provenance.
 """
-import hashlib, subprocess, sys, tempfile
+import hashlib, re, subprocess, sys, tempfile
 from pathlib import Path
 
 import numpy as np
 from PIL import Image
 
-from dpm.data import PHOTO_SCALES, resize_photo
+from dpm.data import PHOTO_SCALES, PHOTOS_DEBIAN, resize_photo
 
 DEBS = {'lomiri-wallpapers-16.04_20.04.0-2_all.deb':
         'a99ff6a3bfe451e4cc0682ecb3cc82e71740626d59e4845ae34a0a0e45421eab',
         'lomiri-wallpapers-20.04_20.04.0-2_all.deb':
         'd44e89b8473aafe64a5b678f014862dc31335aaaf18665c544d985d854f1a709'}
-# file in /usr/share/backgrounds: (name, author, licence), as the packages' copyright files give them
+# file in /usr/share/backgrounds: (name, year); author and licence, as the packages' copyright files
+# give them, are dpm.data.PHOTOS_DEBIAN's
 PHOTOS = {
-    'aitzgorri_by_Aitzol_Berasategi.jpg': ('aitzgorri', 'Aitzol Berasategi, 2018', 'CC-BY-4.0'),
-    'Bridge_by_Sander_Klootwijk.jpg': ('bridge', 'Sander Klootwijk, 2018', 'CC-BY-SA-4.0'),
-    'Dragonfly_by_Bolly.jpg': ('dragonfly', '"Bolly", 2018', 'CC-BY-SA-4.0'),
-    'free_by_Peter_Nerlich.jpg': ('free', 'Peter Nerlich, 2018', 'CC-BY-SA-4.0'),
-    'friends_by_Aitzol_Berasategi.jpg': ('friends', 'Aitzol Berasategi, 2018', 'CC-BY-4.0'),
-    'greentock_by_Peter_Nerlich.jpg': ('greentock', 'Peter Nerlich, 2018', 'CC-BY-SA-4.0'),
-    'Kleiber_by_Lukas_Baubkus.jpg': ('kleiber', 'Lukas Baubkus, 2021', 'CC-BY-SA-3.0'),
-    'life_by_Aitzol_Berasategi.jpg': ('life', 'Aitzol Berasategi, 2018', 'CC-BY-4.0'),
-    'picosdeeuropa_by_Aitzol_Berasategi.jpg': ('picosdeeuropa', 'Aitzol Berasategi, 2018',
-                                               'CC-BY-4.0'),
-    'Picture_0B_by_freespace.jpg': ('picture_0b', 'Trevor "Freespace", 2018', 'CC-BY-4.0'),
-    'Picture_1A_by_freespace.jpg': ('picture_1a', 'Trevor "Freespace", 2018', 'CC-BY-4.0'),
-    'seeding_by_Clements_Engelhardt.jpg': ('seeding', 'Clemens Engelhardt, 2018', 'CC0-1.0'),
-    'sunset_by_Aitzol_Berasategi.jpg': ('sunset', 'Aitzol Berasategi, 2018', 'CC-BY-4.0'),
-    'Wine_by_Jakkub_Mede.jpg': ('wine', 'Jakub Mede, 2018', 'CC-BY-4.0'),
+    'aitzgorri_by_Aitzol_Berasategi.jpg': ('aitzgorri', 2018),
+    'Bridge_by_Sander_Klootwijk.jpg': ('bridge', 2018),
+    'Dragonfly_by_Bolly.jpg': ('dragonfly', 2018),
+    'free_by_Peter_Nerlich.jpg': ('free', 2018),
+    'friends_by_Aitzol_Berasategi.jpg': ('friends', 2018),
+    'greentock_by_Peter_Nerlich.jpg': ('greentock', 2018),
+    'Kleiber_by_Lukas_Baubkus.jpg': ('kleiber', 2021),
+    'life_by_Aitzol_Berasategi.jpg': ('life', 2018),
+    'picosdeeuropa_by_Aitzol_Berasategi.jpg': ('picosdeeuropa', 2018),
+    'Picture_0B_by_freespace.jpg': ('picture_0b', 2018),
+    'Picture_1A_by_freespace.jpg': ('picture_1a', 2018),
+    'seeding_by_Clements_Engelhardt.jpg': ('seeding', 2018),
+    'sunset_by_Aitzol_Berasategi.jpg': ('sunset', 2018),
+    'Wine_by_Jakkub_Mede.jpg': ('wine', 2018),
 }
 SHORTER_SIDE = PHOTO_SCALES[-1]            # the largest scale dpm.data uses
 
@@ -54,8 +54,10 @@ def main(deb_dir: Path, out: Path):
             subprocess.run(['dpkg-deb', '-x', str(deb_dir / deb), f'{tmp}/{deb}'], check=True)
             for f in Path(tmp, deb, 'usr/share/backgrounds').glob('*.jpg'):
                 if f.name in PHOTOS: found[f.name] = (deb, f)
-        for src, (name, author, licence) in sorted(PHOTOS.items(), key=lambda kv: kv[1][0]):
+        for src, (name, year) in sorted(PHOTOS.items(), key=lambda kv: kv[1][0]):
             deb, f = found[src]
+            licence, author = re.fullmatch(r'(.+) \((.+)\)', PHOTOS_DEBIAN[name]).groups()
+            author = f'{author}, {year}'
             with Image.open(f) as im: img = np.asarray(im.convert('RGB'))
             png = out / f'{name}.png'
             Image.fromarray(resize_photo(img, SHORTER_SIDE)).save(png, optimize=True)
