@@ -6,21 +6,22 @@ import setuptools
 from setuptools.command.build_py import build_py
 
 ROOT = Path(__file__).parent
-# The toy models trained at full scale (results/models, committed) that the installed package carries
-# as dpm/assets/models/: `dpm` can sample and evaluate them without the repository and without
-# training. They are copied into the build, not kept twice in git; the image models stay in the
-# repository (too large for a wheel).
-PACKAGED_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt']
+# The models trained at full scale (results/models, committed) that the installed package carries as
+# dpm/assets/models/: the toy models, the book's MNIST model and the digit classifier that measures
+# its samples, so that `dpm` can sample and evaluate them without the repository and without
+# training. They are copied into the build, not kept twice in git; the other image models stay in
+# the repository.
+PACKAGED_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt', 'mnist.pt', 'digit_classifier.pt']
 
 
 def packaged_models():
     models = sorted(p for pat in PACKAGED_MODELS for p in (ROOT / 'results' / 'models').glob(pat))
-    if not models: raise SystemExit(f'setup.py: no toy models {PACKAGED_MODELS} in results/models')
+    if not models: raise SystemExit(f'setup.py: no models {PACKAGED_MODELS} in results/models')
     return models
 
 
 class build_py_with_models(build_py):
-    """build_py, plus the toy models copied from results/models to dpm/assets/models."""
+    """build_py, plus the packaged models copied from results/models to dpm/assets/models."""
     def run(self):
         super().run()
         if getattr(self, 'editable_mode', False): return   # an editable install reads results/

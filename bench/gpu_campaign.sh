@@ -9,6 +9,9 @@
 #
 # 1. The image bench alone on the GPU (at most 60 s): dpm's training step against the plain
 #    PyTorch twin, CIFAR-10 network, batch 128, fp32 and bf16 (results/bench_images.json).
+#    1b. Each paper run's own training step alone on the GPU, 8 s each after a warm-up
+#    (bench/gpu_throughput.py, results/gpu_throughput.json), to set beside the rates the runs get
+#    all at once in step 3 (their training.json).
 # 2. The CUDA test suite (tests that take a device), on the GPU, its CPU threads limited
 #    (OMP_NUM_THREADS=4) so that it does not starve the runs of step 3 of their CPU.
 # 3. The paper-scale runs on the GPU, concurrently (bf16 autocast, channels_last). Each one CONTINUES
@@ -30,9 +33,9 @@ S=${SCALE_MIN:-1}                                      # scales the time budgets
 DEADLINE=${DEADLINE_S:-540}                            # the whole campaign, wall seconds
 GPU_MIN=${GPU_MIN:-$(python -c "print(round(6.0 * $S, 3))")}     # training minutes of each paper run, at most
 BENCH_S=$(python -c "print(int(35 * $S) + 5)")         # the bench's own budget; killed after 60 s
-EVAL_S=${EVAL_S:-120}; PACK_S=${PACK_S:-30}            # evaluation at most; kept for packing
-START_S=${START_S:-40}; EVAL_KEEP=${EVAL_KEEP:-75}      # a run's start-up; kept for evaluating
-PAPER=${PAPER:-"mnist dead_leaves cifar10 bark"}
+EVAL_S=${EVAL_S:-150}; PACK_S=${PACK_S:-30}            # evaluation at most; kept for packing
+START_S=${START_S:-40}; EVAL_KEEP=${EVAL_KEEP:-150}     # a run's start-up; kept for evaluating (4 at once: 105+ s)
+PAPER=${PAPER:-"mnist dead_leaves bark cifar10"}      # in order of value: MNIST first
 full=0; [ "$DEV" != cpu ] && [ "$DPM_SMALL" = 0 ] && [ "$S" = 1 ] && full=1
 INSTALL=${INSTALL:-$full}
 t0=$SECONDS
@@ -45,7 +48,7 @@ pack() {                      # also on its own, after a run cut short: PACK_ONL
   models=("$W"/paper/*_gpu/model.pt)
   [ -f "${models[0]}" ] && python bench/weights.py pack "$OUT/paper" "${models[@]}"
   (cd "$W" && tar czf "$OUT/records.tgz" --exclude='*.pt' --exclude='*.tmp' --exclude='.lock' \
-     paper logs bench_images.json 2>/dev/null)
+     paper logs bench_images.json throughput.json 2>/dev/null)
   ls -la "$OUT" "$OUT/paper"; du -sh "$OUT"
 }
 
@@ -64,6 +67,7 @@ install() {                   # OUT -> results/: complete runs only (model and e
   done
   rm -rf results/gpu_campaign; mkdir -p results/gpu_campaign; cp "$tmp"/logs/* results/gpu_campaign/
   [ -f "$tmp/bench_images.json" ] && cp "$tmp/bench_images.json" results/bench_images.json
+  [ -f "$tmp/throughput.json" ] && cp "$tmp/throughput.json" results/gpu_throughput.json
   rm -rf "$tmp"
 }
 
@@ -82,6 +86,13 @@ modes=fp32,bf16; [ "$DEV" = cpu ] && modes=fp32
 timeout 60 python bench/bench_images.py --device "$DEV" --archs cifar10 --batch 128 \
   --modes $modes --budget "$BENCH_S" --out "$W/bench_images.json" > "$W/logs/bench.log" 2>&1
 log "bench exit $?"; tail -4 "$W/logs/bench.log"
+
+log "1b. each paper run's training step alone on the device (bench/gpu_throughput.py)"
+tp_names=$(for e in $PAPER; do printf '%s_gpu ' "$e"; done)
+timeout "${THROUGHPUT_S:-75}" python bench/gpu_throughput.py $tp_names --device "$DEV" \
+  --seconds "$(python -c "print(max(1, round(8 * $S, 1)))")" --warmup 2 \
+  --out "$W/throughput.json" > "$W/logs/throughput.log" 2>&1
+log "throughput exit $?"; tail -4 "$W/logs/throughput.log"
 
 # training minutes: GPU_MIN, or what the deadline leaves after start-up, evaluation and packing
 TRAIN_MIN=$(python -c "print(round(min($GPU_MIN, ($(left) - $START_S - $EVAL_KEEP) / 60), 3))")

@@ -4,7 +4,7 @@
 __all__ = ['L_NULL_BITS', 'TILE_MAX', 'RECIPES', 'RESAMPLE', 'GAUSS_MODEL_MAX_D', 'BARK', 'BARK_GPU', 'inpaint_tiles',
            'bark_levels', 'heldout_groups', 'bark_scaler', 'inpaint_images', 'bark_reverse', 'resized', 'ceiling_bits',
            'Batched', 'autocovariance', 'lag_covariance', 'hole_mask', 'hole_of', 'gaussian_inpaint', 'harmonic_fill',
-           'radial_power', 'spectrum_distance', 'histogram_distance', 'inpaint_study', 'fill_holes', 'resample_steps',
+           'spectrum_distance', 'histogram_distance', 'inpaint_study', 'fill_holes', 'resample_steps',
            'stationary_model', 'plot_figure5']
 
 # %% ../nbs/15_bark.ipynb #66b83a12
@@ -14,6 +14,7 @@ import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import ImageReverse, image_diffusion, network_config
 from .training import Experiment, train_or_load, evaluate_bound, repo_root
+from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 from .bound import _draw, _reverse_step, cat_kernels
 from .posterior import _recipe, GaussianDataReverse
@@ -257,21 +258,6 @@ def harmonic_fill(x, known, tol: float = 1e-8, max_iter: int = 10_000):
     return x * (1 - hole) + u
 
 # %% ../nbs/15_bark.ipynb #f3f4806f
-def radial_power(x):
-    "Radially averaged log10 power spectrum of each (M, 1, h, w) image (mean removed): (M, n_bins)."
-    x = x[:, 0].double()
-    h, w = x.shape[-2:]
-    P = torch.fft.fft2(x - x.mean((-2, -1), keepdim=True)).abs() ** 2 / (h * w)
-    fy, fx = torch.fft.fftfreq(h, device=x.device), torch.fft.fftfreq(w, device=x.device)
-    f = (fy[:, None] ** 2 + fx[None, :] ** 2).sqrt()
-    n_bins = min(h, w) // 2
-    idx = (f * 2 * n_bins).long().clamp(max=n_bins)              # bin width 1 / (2 n_bins)
-    keep = (idx > 0) & (idx < n_bins)                              # no DC, no corner frequencies
-    tot = torch.zeros(len(x), n_bins, dtype=x.dtype, device=x.device)
-    tot.index_add_(1, idx[keep], P[:, keep])
-    cnt = torch.bincount(idx[keep], minlength=n_bins).clamp(min=1)
-    return (tot / cnt)[:, 1:].log10()
-
 def spectrum_distance(a, b):
     "RMS difference of the log10 radial power spectra of images a and b, per image (eq-bark-stats)."
     # $d_{spec} = \big(\frac1{n_b}\sum_b(\log_{10}P_b(a) - \log_{10}P_b(b))^2\big)^{1/2}$
@@ -455,7 +441,9 @@ def _evaluate(d, reverse, cfg, heldout):
     scaler = Scaler(d.scaler_shift.item(), d.scaler_scale.item())
     fills, info, _, _, _ = inpaint_study(d, reverse, cfg, seed)
     rec = bark_levels(cfg, seed)[3]
-    return dict(_bound_numbers(base, scaler), scaler_shift=scaler.shift,
+    n_tex = min(cfg['n_eval'], len(heldout) // 2)      # eq-sq-texture: samples, floor, Gaussian
+    tex = texture_numbers(d, Batched(reverse), train, heldout.to(dev), n_tex, seed + 2)
+    return dict(_bound_numbers(base, scaler), **tex, scaler_shift=scaler.shift,
                 scaler_scale=scaler.scale, n_heldout=len(x), n_groups=base['n_groups'],
                 size=int(cfg['size']), T=d.T, bound_seconds=seconds, data=rec.name,
                 data_stand_in=rec.stand_in, data_checksum=rec.checksum,

@@ -14,6 +14,7 @@ from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BI
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
                                linear_path)
 from .training import Experiment, train_or_load, evaluate_bound
+from .sample_quality import texture_numbers
 from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, PHOTOS_TRAIN,
                       photo_tiles, data_checksum, PHOTO_SOURCE)
 from .posterior import denoise
@@ -314,6 +315,8 @@ def _evaluate(d, reverse, cfg, heldout):
     out.update(baselines=base, beta_1=d.betas[0].item(), alpha_bar_T=d.alphas_bar()[-1].item())
     out.update(n_heldout=len(x), size=int(cfg['size']), T=d.T, bound_seconds=bound_seconds,
                denoise_seconds=denoise_seconds, data=rec.name, stand_in=rec.stand_in)
+    n_tex = min(cfg['n_eval'], len(heldout) // 2)      # eq-sq-texture: samples, floor, Gaussian
+    out.update(texture_numbers(d, reverse, train, heldout.to(dev), n_tex, seed + 2))
     out.update(_denoise_numbers(den, None if groups is None else groups[:n_den]))
     if (valid := _valid(cfg, seed)) is not None:      # the validation images (eq-train-stop)
         out['valid_baselines'] = image_baselines(d, reverse, train, valid.to(dev), seed + 1,

@@ -14,6 +14,7 @@ from .image_network import (ImageReverse, image_diffusion, network_config, linea
 from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood,
                            image_baselines)
 from .training import Experiment, train_or_load, evaluate_bound, pick_device, repo_root
+from .sample_quality import texture_numbers
 
 # %% ../nbs/11_dead_leaves.ipynb #2bb77d4a
 R_MIN, R_MAX, LEVELS = 2.0, 64.0, 256     # radius range (pixels) and grey levels (eq-dl-window)
@@ -239,6 +240,8 @@ def _evaluate(d, reverse, cfg, heldout):
     if res['K_bits'] - 4 * res['K_bits_se'] > top:
         raise RuntimeError(f"dpm: K = {res['K_bits']:.3f} bits per pixel is above the ceiling "
                            f"{top:.3f}: a bug")
+    n_tex = min(cfg['n_eval'], len(heldout) // 2)      # eq-sq-texture: samples, floor, Gaussian
+    res.update(texture_numbers(d, reverse, train, heldout.to(dev), n_tex, seed + 2))
     return dict(res, L_null_bits=L_NULL_BITS, K_minus_L_null_bits=res['K_bits'] - L_NULL_BITS,
                 ceiling_bits=top, data_shift=d.data_shift.item(), data_scale=d.data_scale.item(),
                 size=int(cfg['size']), T=d.T, beta_1=d.betas[0].item(),

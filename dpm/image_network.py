@@ -108,8 +108,9 @@ class ImageReverse(ReverseModel):
                  layers_1x1: int = 2,         # number of 1x1 tanh layers before the readout
                  n_bumps: int = 10,           # J temporal bumps g_j(t) of the readout
                  variant: str = 'paper',      # 'paper' | 'reference' (the public code's choices)
+                 pixel_input: bool = False,   # 1x1 layers also see each pixel's x (eq-net-pixel)
                  linear: LinearReverse = None):  # residual path eq-net-residual (reference only)
-        super().__init__(diffusion, tuple(image_shape))
+        super().__init__(diffusion, tuple(image_shape)); self.pixel_input = bool(pixel_input)
         self._check_config(pathway, variant, n_scales, n_bumps, layers_1x1, dict(
             conv_layers=conv_layers, conv_channels=conv_channels, dense_layers=dense_layers,
             dense_hidden=dense_hidden, dense_channels=dense_channels, hidden_1x1=hidden_1x1))
@@ -118,7 +119,6 @@ class ImageReverse(ReverseModel):
         n_feat = self._build_conv(*conv) if self.use_conv else 0
         if self.use_dense:
             n_feat += self._build_dense(dense_hidden, dense_layers, dense_channels, act)
-        self.n_conv, self.dense_channels = conv_channels, dense_channels
         self._build_head(n_feat, hidden_1x1, layers_1x1, act, linear)
 
 # %% ../nbs/10_image_network.ipynb #bab648c8
@@ -144,7 +144,7 @@ def _check_config(self: ImageReverse, pathway, variant, n_scales, n_bumps, layer
 @patch
 def _build_conv(self: ImageReverse, channels, layers, kernel_size, n_scales):
     "`layers` multi-scale layers (eq-net-msconv), stacked: C -> channels -> .. -> channels."
-    chans = [self.event_shape[0]] + [channels] * layers
+    chans, self.conv_channels = [self.event_shape[0]] + [channels] * layers, channels
     self.conv = nn.Sequential(*[MultiScaleConv(a, b, kernel_size, n_scales, self.variant)
                                 for a, b in zip(chans[:-1], chans[1:])])
     return channels
@@ -157,7 +157,7 @@ def _build_dense(self: ImageReverse, hidden, layers, channels, act):
     sizes = [C * H * W] + [hidden] * (layers - 1) + [channels * H * W]
     modules = []
     for a, b in zip(sizes[:-1], sizes[1:]): modules += [nn.Linear(a, b), act()]
-    self.dense = nn.Sequential(*modules)
+    self.dense, self.dense_channels = nn.Sequential(*modules), channels
     return channels
 
 # %% ../nbs/10_image_network.ipynb #db2fbb09
@@ -165,6 +165,7 @@ def _build_dense(self: ImageReverse, hidden, layers, channels, act):
 def _build_head(self: ImageReverse, n_feat, hidden_1x1, layers_1x1, act, linear=None):
     "1x1 layers (eq-net-1x1), readout (eq-net-readout), bumps (eq-rev-bumps), linear path."
     C, layers = self.event_shape[0], []
+    n_feat += C * self.pixel_input                               # eq-net-pixel
     for _ in range(layers_1x1):                                  # eq-net-1x1
         layers += [nn.Conv2d(n_feat, hidden_1x1, 1), act()]; n_feat = hidden_1x1
     self.mlp_1x1 = nn.Sequential(*layers)
@@ -190,17 +191,18 @@ def _check_images(self: ImageReverse, x):
 
 @patch
 def features(self: ImageReverse, x):
-    "Lower layers: (B, C, H, W) -> (B, n_feat, H, W) (eq-net-msconv, eq-net-dense), side by side."
+    "Lower layers: (B, C, H, W) -> (B, n_feat, H, W) (eq-net-msconv, -dense, -pixel), side by side."
     parts, scale = [], self.variant == 'reference' and self.pathway == 'both'
     if self.use_conv:
         h = self.conv(x)
-        parts.append(h / math.sqrt(self.n_conv) if scale else h)
+        parts.append(h / math.sqrt(self.conv_channels) if scale else h)
     if self.use_dense:
         B, (C, H, W) = x.shape[0], self.event_shape
         h = self.dense(x.reshape(B, C * H * W)).reshape(B, self.dense_channels, H, W)
         if x.is_contiguous(memory_format=torch.channels_last):
             h = h.contiguous(memory_format=torch.channels_last)
         parts.append(h / math.sqrt(self.dense_channels) if scale else h)
+    if self.pixel_input: parts.append(x)                         # eq-net-pixel
     return parts[0] if len(parts) == 1 else torch.cat(parts, 1)
 
 # %% ../nbs/10_image_network.ipynb #9a8bd921

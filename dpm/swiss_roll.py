@@ -3,7 +3,8 @@
 # %% auto #0
 __all__ = ['U_MIN', 'U_MAX', 'NOISE', 'SWISS_ROLL', 'SWISS_ROLL_RBF', 'SWISS_ROLL_THIN', 'SWISS_ROLL_LONG', 'roll_curve',
            'roll_moments', 'sample_swiss_roll', 'true_log_likelihood', 'geometric_schedule', 'default_beta_1',
-           'trained_model', 'reverse_kernel_moments', 'gaussian_kernel_floor', 'plot_figure1', 'draw_reverse_step']
+           'sample_log_likelihood', 'trained_model', 'reverse_kernel_moments', 'gaussian_kernel_floor', 'plot_figure1',
+           'draw_reverse_step']
 
 # %% ../nbs/07_swiss_roll.ipynb #b2c67ca0
 import functools, math, time
@@ -142,6 +143,22 @@ def _importance_sampled(d, reverse, x, true, cfg) -> dict:
                 is_gap_bits_se=is_gap.std().item() / math.sqrt(n_is) / LN2,
                 is_samples=cfg['is_samples'], is_seconds=time.perf_counter() - t0)
 
+# %% ../nbs/07_swiss_roll.ipynb #54f74d59
+@torch.no_grad()
+def sample_log_likelihood(d, reverse, heldout, noise: float, seed: int = 0) -> dict:
+    "Mean true log2 q (eq-sr-true) of model samples and of the held-out data's Gaussian: bits."
+    n, gen = len(heldout), torch.Generator(d.device).manual_seed(seed)
+    samples = d.sample(reverse, (n, 2), generator=gen).cpu()
+    x = heldout.double().cpu()
+    chol = torch.linalg.cholesky(torch.cov(x.T))
+    z = torch.randn(n, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
+    out = {}
+    for name, pts in (('samples', samples), ('gaussian_samples', x.mean(0) + z @ chol.T)):
+        ll = true_log_likelihood(pts, noise) / LN2
+        out[f'{name}_true_ll_bits'] = ll.mean().item()
+        out[f'{name}_true_ll_bits_se'] = ll.std().item() / math.sqrt(n)
+    return out
+
 # %% ../nbs/07_swiss_roll.ipynb #34a3c5c8
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
@@ -158,9 +175,11 @@ def _evaluate(d, reverse, cfg, heldout):
     K = ks.mean().item() / LN2
     return dict(K_bits=K, K_bits_se=se(ks) / LN2, L_null_bits=l_null,
                 K_minus_L_null_bits=K - l_null,
-                true_ll_bits=true.mean().item() / LN2, gap_bits=gap.mean().item() / LN2,
+                true_ll_bits=true.mean().item() / LN2, true_ll_bits_se=se(true) / LN2,
+                gap_bits=gap.mean().item() / LN2,
                 gap_bits_se=se(gap) / LN2, noise=cfg['noise'], n_heldout=len(x),
-                **_importance_sampled(d, reverse, x, true, cfg))
+                **_importance_sampled(d, reverse, x, true, cfg),
+                **sample_log_likelihood(d, reverse, heldout, cfg['noise'], cfg['seed'] + 2))
 
 # %% ../nbs/07_swiss_roll.ipynb #37db56d9
 def _figures(d, reverse, cfg, heldout):

@@ -851,7 +851,8 @@ def _show(bar, state: _RunState, per_second: float, last_eval):
     "Advance the bar: running bound, throughput and the last held-out bound."
     if bar is None: return
     bar.update(1)
-    bar.set_postfix_str(f"K {state.running:.3f} bits, {per_second:,.0f} ex/s"
+    running = 'K ...' if state.running is None else f"K {state.running:.3f} bits"  # step 1: unread
+    bar.set_postfix_str(f"{running}, {per_second:,.0f} ex/s"
                         + (f", held-out {last_eval:.3f}" if last_eval is not None else ''),
                         refresh=False)
 

@@ -78,7 +78,8 @@ def test_the_checks_catch_strays():
 
 # ---- the installed package, without the repository ------------------------------------------------
 MODELS = ROOT / 'results' / 'models'
-TOY_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt']        # what setup.py packs (PACKAGED_MODELS)
+TOY_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt']
+PACKED = TOY_MODELS + ['mnist.pt', 'digit_classifier.pt']   # what setup.py packs (PACKAGED_MODELS)
 BUILD_FILES = ['setup.py', 'settings.ini', 'pyproject.toml', 'MANIFEST.in', 'README.md']
 
 
@@ -92,7 +93,7 @@ def installed(tmp_path_factory):
         path = Path(rel)
         if rel in BUILD_FILES or path.parts[0] == 'dpm' or (
                 path.parent.as_posix() == 'results/models'
-                and any(fnmatch.fnmatch(path.name, pat) for pat in TOY_MODELS)):
+                and any(fnmatch.fnmatch(path.name, pat) for pat in PACKED)):
             (src / path).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / path, src / path)
     pip = [sys.executable, '-m', 'pip', '-q', '--disable-pip-version-check']
@@ -109,15 +110,17 @@ def installed(tmp_path_factory):
     return wheel, site, env
 
 
-def test_wheel_carries_the_toy_models(installed):
+def test_wheel_carries_the_packaged_models(installed):
     wheel, site, env = installed
     with zipfile.ZipFile(wheel) as z:
         packed = {Path(i.filename).name: i.file_size for i in z.infolist()
                   if i.filename.startswith('dpm/assets/models/')}
-    want = {p.name for pat in TOY_MODELS for p in MODELS.glob(pat)}
+    want = {p.name for pat in PACKED for p in MODELS.glob(pat)}
     assert want and set(packed) == want, (sorted(packed), sorted(want))
-    assert {'swiss_roll.pt', 'heartbeat.pt'} <= want
-    assert sum(packed.values()) < 4e6, f'{sum(packed.values()) / 1e6:.1f} MB of models in the wheel'
+    assert {'swiss_roll.pt', 'heartbeat.pt', 'mnist.pt', 'digit_classifier.pt'} <= want
+    toys = sum(v for k, v in packed.items() if any(fnmatch.fnmatch(k, p) for p in TOY_MODELS))
+    assert toys < 4e6, f'{toys / 1e6:.1f} MB of toy models in the wheel'
+    assert sum(packed.values()) < 14e6, f'{sum(packed.values()) / 1e6:.1f} MB of models in the wheel'
 
 
 def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
@@ -147,6 +150,35 @@ def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
         assert (out / 'samples.pt').stat().st_size > 0 and (out / 'samples.png').stat().st_size > 0
         assert not (out / 'checkpoint.pt').exists() and not (out / 'training.json').exists()
         assert (out / 'model.pt').exists() == own                  # the shipped model is not copied
+
+
+def test_installed_cli_samples_digits(installed, tmp_path):
+    """`dpm sample mnist` from the installed wheel draws from the shipped MNIST model, and the shipped
+    digit classifier loads (checked, never retrained) and reads most of the samples as digits."""
+    wheel, site, env = installed
+    out = tmp_path / 'mnist'
+    r = subprocess.run([str(site / 'bin' / 'dpm'), 'sample', 'mnist', '--out', str(out), '-n', '64',
+                        '--device', 'cpu'], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, f'dpm sample mnist:\n{r.stdout}\n{r.stderr}'
+    assert 'using the model shipped with dpm' in r.stderr, r.stderr
+    code = ('import torch\n'
+            'from dpm.digit_classifier import load_classifier, classifier_path, digit_outputs\n'
+            'from dpm.mnist import MNIST\n'
+            'import dpm.training as t\n'
+            'net = load_classifier(train_if_missing=False)\n'
+            f'x = torch.load({str(out / "samples.pt")!r})\n'
+            'd, rev, info, cfg = t.load_model(MNIST, t.packaged_model("mnist"))\n'
+            'from dpm.mnist import scaler_of\n'
+            'u = scaler_of(d).inverse(x.double()).clamp(0, 1)\n'
+            'p = digit_outputs(net, u)[1]\n'
+            'print(classifier_path(), (p.max(1).values > 0.9).double().mean().item())\n')
+    r = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr
+    where, share = r.stdout.split()
+    assert Path(where).is_relative_to(site), where
+    assert float(share) > 0.3, f'only {share} of 64 samples read as digits with confidence'
 
 
 def test_installed_cli_evaluates_the_shipped_heartbeat(installed, tmp_path):
