@@ -13,7 +13,7 @@ from .training import (run, load_model, model_from, machine, peak_memory_mb, Dpm
                        ConfigError, CheckpointError, OutDirError, pick_device, init_distributed,
                        world, check_out_dir, load_checkpoint, upgrade_checkpoint, write_json,
                        atomic_write, open_regular, remove_leftovers, data_records, describe_data,
-                       experiment_data, short, MAX_ELEMENTS)
+                       experiment_data, short, MAX_ELEMENTS, DataError)
 
 # %% ../nbs/06_cli.ipynb #f83fb9b3
 EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat', 'dpm.dead_leaves', 'dpm.mnist',
@@ -90,10 +90,15 @@ def _integer(low: int, high: int):
         return v
     return parse
 
+def _directory(text: str) -> str:
+    "An argparse type: a directory's name, not empty (an empty --out would write into '.')."
+    if not text.strip(): raise argparse.ArgumentTypeError("must name a directory, got ''")
+    return text
+
 def _add_common(q, seed_help):
     "The experiment, --out, --device, --seed and --small options of train, evaluate and sample."
     q.add_argument('experiment', metavar='EXPERIMENT', help='experiment name (see `dpm list`)')
-    q.add_argument('--out', required=True, metavar='DIR',
+    q.add_argument('--out', required=True, metavar='DIR', type=_directory,
                    help='output directory (checkpoint, model, record, figures)')
     q.add_argument('--device', default=None, metavar='DEV',
                    help="'cpu', 'cuda', 'cuda:1', ...; default: CUDA if available")
@@ -185,6 +190,8 @@ def cmd_evaluate(args):
     d, reverse, info, cfg = _load(exp, args.out, args.device)
     t0 = time.time()
     heldout = experiment_data(exp, cfg, cfg.get('seed', 0), CheckpointError)[1]
+    if len(heldout) == 0: raise DataError(f"{exp.name}'s held-out split has no examples: "
+                                          f"nothing to evaluate")
     data = data_records(exp, cfg, cfg.get('seed', 0))
     for r in data: print(f"data: {describe_data(r)}")
     numbers = exp.evaluate(d, reverse, cfg, heldout) if exp.evaluate else {}
@@ -374,7 +381,7 @@ def one_line(e: BaseException) -> str:
         msg = f"{names}: {e.strerror}" if names else e.strerror
     elif isinstance(e, (MemoryError, torch.OutOfMemoryError)):
         msg = f"out of memory ({msg}); try smaller settings (batch_size, -n, n_train, ...)"
-    while msg.startswith('dpm: '): msg = msg[len('dpm: '):]
+    msg = msg.replace('dpm: ', '')                  # a wrapped message says it once, in front
     return 'dpm: ' + ' '.join(msg.split())
 
 # %% ../nbs/06_cli.ipynb #ad002c1a

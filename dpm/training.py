@@ -371,9 +371,10 @@ def _read(path) -> tuple:
     with open_regular(path, 'checkpoint', MAX_CHECKPOINT_BYTES, CheckpointError) as f:
         _check_archive(f, path)
         try: obj = torch.load(f, map_location='cpu', weights_only=True)
-        except Exception as e:
-            raise CheckpointError(f"{path} is corrupt or not a dpm checkpoint "
-                                  f"({type(e).__name__}: {str(e)[:200]})") from None
+        except Exception as e:                   # PyTorch's own words are not the reader's
+            why = ('it asks to unpickle objects other than tensors and plain values'
+                   if 'weights_only' in str(e) or 'Unsupported' in str(e) else 'unreadable')
+            raise CheckpointError(f"{path} is corrupt or not a dpm checkpoint ({why})") from None
     fmt = obj.get('format') if isinstance(obj, dict) else type(obj).__name__
     m = re.fullmatch(r'dpm-checkpoint-([1-9][0-9]{0,5})', fmt) if isinstance(fmt, str) else None
     if m is None: raise CheckpointError(f"{path} is not a dpm checkpoint (format {short(fmt)})")
@@ -476,6 +477,10 @@ def check_checkpoint(ck: dict, path):
         if k not in ck: raise CheckpointError(f"{path} lacks {k!r} ({want}), which every {kind} "
                                               f"checkpoint has")
         if not ok(ck[k]): raise CheckpointError(f"{path}: {k} must be {want}, got {short(ck[k])}")
+    bad = [k for k, v in {**ck['model'], **(ck.get('ema') or {})}.items()
+           if v.is_floating_point() and not torch.isfinite(v).all()]
+    if bad: raise CheckpointError(f"{path} holds NaN or inf weights ({', '.join(bad[:3])}): the "
+                                  f"model diverged or the file was altered; it cannot be used")
     if {k: list(v.shape) for k, v in ck['model'].items()} != ck['signature']:
         raise CheckpointError(f"{path}: its signature does not describe its weights (a different "
                               f"model from the one it stores)")
@@ -721,6 +726,9 @@ def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint
         torch.manual_seed(cfg.seed); state.gen.manual_seed(cfg.seed + 1)
         return state
     ck = load_checkpoint(checkpoint)
+    if ck.get('kind', 'training') != 'training':          # a model file where a checkpoint belongs
+        raise CheckpointError(f"{checkpoint} is a model file, not a training checkpoint: to start "
+                              f"from its weights use --init with another output directory")
     check_compatible(ck, model, full_config, checkpoint)
     model.load_state_dict(ck['model']); opt.load_state_dict(ck['optimizer'])
     if ema is not None: ema.load_state_dict(ck['ema'])
@@ -1206,8 +1214,9 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
                             weights_follow=True)
     except CheckpointError: raise                    # a tensor beyond the cap: said as it is
     except (KeyError, TypeError, ValueError, OverflowError, RuntimeError) as e:  # cannot be built
+        said = str(e) if str(e).startswith('dpm: ') else 'a setting it cannot use'
         raise CheckpointError(f"{path} holds a configuration this version cannot build "
-                              f"({type(e).__name__}: {e})") from None
+                              f"({said})") from None
     model = Model(d, reverse)
     check_compatible(ck, model, config if config is not None else cfg, path)
     model.load_state_dict(weights)

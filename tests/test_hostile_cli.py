@@ -257,3 +257,52 @@ def test_settings_a_model_refuses_are_one_line(tmp_path, exp, setting, words):
     r = dpm('train', exp, '--small', '--set', setting, '--out', str(tmp_path / 'o'), '--no-progress')
     one_line(r, words, code=1)
     assert not (tmp_path / 'o' / 'model.pt').exists()
+
+
+# the refusals a re-run of hostile inputs still found as tracebacks or muddled lines -----------------
+def test_a_model_with_nan_weights_is_one_line(trained, tmp_path, monkeypatch):
+    "A model file with a valid checksum and a NaN weight: evaluate, sample and --init refuse it."
+    monkeypatch.setenv('DPM_SMALL', '1')
+    ck = {k: v for k, v in torch.load(trained / 'model.pt', weights_only=True).items() if k != 'checksum'}
+    name = next(k for k, v in ck['model'].items() if v.is_floating_point() and v.numel() > 1)
+    ck['model'][name] = ck['model'][name].clone(); ck['model'][name].view(-1)[0] = float('nan')
+    atomic_save(ck, tmp_path / 'model.pt')
+    for cmd in (['evaluate'], ['sample', '-n', '2']):
+        exits(lambda: main([cmd[0], 'swiss_roll', '--out', str(tmp_path), *cmd[1:]]),
+              'model.pt holds NaN or inf weights', name)
+    exits(lambda: main(['train', 'swiss_roll', '--out', str(tmp_path / 'w'), '--init',
+                        str(tmp_path / 'model.pt')]), 'NaN or inf weights')
+
+
+def test_a_model_file_where_a_checkpoint_belongs_is_one_line(trained, tmp_path, monkeypatch):
+    monkeypatch.setenv('DPM_SMALL', '1')
+    (tmp_path / 'checkpoint.pt').write_bytes((trained / 'model.pt').read_bytes())
+    exits(lambda: main(['train', 'swiss_roll', '--out', str(tmp_path)]),
+          'checkpoint.pt is a model file, not a training checkpoint', '--init')
+
+
+def test_an_empty_held_out_split_is_one_line(trained, tmp_path, monkeypatch):
+    from dpm.swiss_roll import SWISS_ROLL
+    monkeypatch.setenv('DPM_SMALL', '1')
+    data = SWISS_ROLL.data
+    monkeypatch.setattr(SWISS_ROLL, 'data', lambda cfg, seed: (data(cfg, seed)[0], torch.zeros(0, 2)))
+    exits(lambda: main(['evaluate', 'swiss_roll', '--out', str(trained)]),
+          "held-out split has no examples")
+
+
+def test_an_empty_out_is_refused_and_wrapped_messages_say_dpm_once(capsys):
+    with pytest.raises(SystemExit) as e: main(['sample', 'swiss_roll', '--out', '', '-n', '2'])
+    err = capsys.readouterr().err.strip()
+    assert e.value.code == 2 and "--out: must name a directory" in err, err
+    from dpm.cli import one_line as said
+    assert said(CheckpointError("x.pt holds a configuration (dpm: T must be >= 3)")) == \
+        'dpm: x.pt holds a configuration (T must be >= 3)'
+
+
+def test_a_foreign_pickle_names_no_pytorch_internals(tmp_path):
+    import zipfile, io
+    buf = io.BytesIO(); torch.save({'format': 'dpm-checkpoint-2', 'x': np.float64(1.0)}, buf)
+    (tmp_path / 'model.pt').write_bytes(buf.getvalue())
+    msg = exits(lambda: main(['evaluate', 'swiss_roll', '--out', str(tmp_path)]),
+                'is corrupt or not a dpm checkpoint')
+    assert 'Weights only' not in msg and 'Error' not in msg, msg
