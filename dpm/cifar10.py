@@ -290,6 +290,13 @@ def _denoise_numbers(den: dict, groups) -> dict:
                    denoise_se_grouped=g is not None)
     return out
 
+# %% ../nbs/14_cifar10.ipynb #5c1e7a20
+def _valid_numbers(d, reverse, cfg, train, seed) -> dict:
+    "The bound on the validation images (eq-train-stop), where the configuration holds some out."
+    if (valid := _valid(cfg, seed)) is None: return {}
+    return dict(valid_baselines=image_baselines(d, reverse, train, valid.to(d.device), seed + 1,
+                                                cfg['eval_batch']))
+
 # %% ../nbs/14_cifar10.ipynb #bf364239
 @torch.no_grad()
 def _evaluate(d, reverse, cfg, heldout):
@@ -318,9 +325,7 @@ def _evaluate(d, reverse, cfg, heldout):
     n_tex = min(cfg['n_eval'], len(heldout) // 2)      # eq-sq-texture: samples, floor, Gaussian
     out.update(texture_numbers(d, reverse, train, heldout.to(dev), n_tex, seed + 2))
     out.update(_denoise_numbers(den, None if groups is None else groups[:n_den]))
-    if (valid := _valid(cfg, seed)) is not None:      # the validation images (eq-train-stop)
-        out['valid_baselines'] = image_baselines(d, reverse, train, valid.to(dev), seed + 1,
-                                                 cfg['eval_batch'])
+    out.update(_valid_numbers(d, reverse, cfg, train, seed))
     return out
 
 # %% ../nbs/14_cifar10.ipynb #8b4e8c84

@@ -31,9 +31,10 @@ VARIANTS = {                 # name: (base, what changes, network settings, trai
     'no_linear': ('earlier', 'without the linear path', dict(EARLIER, linear_path=False), {}),
     'pixel': ('earlier', 'with the pixel input', dict(EARLIER, pixel_input=True), {}),
     'repaired': ('earlier', 'without the linear path, with the pixel input', REPAIRED, {}),
-    'paper_width': ('earlier', "the paper's 1,000-wide dense layer", dict(EARLIER, dense_hidden=1000),
-                    {}),
-    'wide': ('repaired', "the paper's 1,000-wide dense layer", dict(REPAIRED, dense_hidden=1000), {}),
+    'paper_width': ('earlier', "the paper's 1,000-wide dense layer",
+                    dict(EARLIER, dense_hidden=1000), {}),
+    'wide': ('repaired', "the paper's 1,000-wide dense layer",
+             dict(REPAIRED, dense_hidden=1000), {}),
     'deeper': ('repaired', 'a third dense layer and 8 features per pixel', DEEPER, {}),
     'four_layers': ('deeper', 'a fourth dense layer', dict(DEEPER, dense_layers=4), {}),
     'beta_1': ('deeper', 'beta_1 = 1e-3: no jump to beta_2', dict(DEEPER, beta_1=1e-3), {}),
@@ -46,7 +47,8 @@ VARIANTS = {                 # name: (base, what changes, network settings, trai
 # %% ../nbs/13b_mnist_samples.ipynb #3fafd847
 def variant_config(name: str, seed: int = 0) -> tuple:
     "(configuration of MNIST, training options) of one row of VARIANTS."
-    if name not in VARIANTS: raise ValueError(f"dpm: no study model {name!r}; known: {list(VARIANTS)}")
+    if name not in VARIANTS:
+        raise ValueError(f"dpm: no study model {name!r}; known: {list(VARIANTS)}")
     _, _, net, options = VARIANTS[name]
     if small_scale():            # tiny layers in the small configuration; the ingredient stays
         net = {**net, **{k: max(2, v // 8) for k, v in net.items() if k == 'dense_hidden'}}

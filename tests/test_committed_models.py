@@ -1,11 +1,13 @@
-"""Every committed model: loads, and its schedule ends near the prior (alpha_bar_T <= 0.05)."""
+"""Every committed diffusion model: loads, and its schedule ends near the prior (alpha_bar_T <= 0.05).
+The digit classifier of chapter 12b lies beside them and is checked by its own loader."""
 from pathlib import Path
 import pytest, torch
 from dpm.cli import get_experiment
 from dpm.training import ALPHA_BAR_T_MAX, load_model
 
 ROOT = Path(__file__).resolve().parents[1]
-MODELS = sorted((ROOT / 'results' / 'models').glob('*.pt'))
+CLASSIFIER = 'digit_classifier.pt'
+MODELS = sorted(p for p in (ROOT / 'results' / 'models').glob('*.pt') if p.name != CLASSIFIER)
 
 def test_there_are_committed_models():
     assert len(MODELS) >= 10, MODELS
@@ -15,3 +17,9 @@ def test_committed_model_ends_at_the_prior(path):
     d, reverse, info, cfg = load_model(get_experiment(path.stem.split('-')[0]), path)
     with torch.no_grad(): alpha_bar_T = d.alphas_bar()[-1].item()
     assert alpha_bar_T <= ALPHA_BAR_T_MAX, f"{path.name}: alpha_bar_T = {alpha_bar_T:.3f}"
+
+
+def test_committed_classifier_loads():
+    from dpm.digit_classifier import load_classifier
+    net = load_classifier(ROOT / 'results' / 'models' / CLASSIFIER, train_if_missing=False)
+    assert net.record['test_accuracy'] >= 0.99

@@ -100,9 +100,12 @@ def test_evaluate_small(monkeypatch):
 
 
 def test_gpu_configuration_is_the_papers():
+    "The paper's widths (dense 1,000, 1x1 100); depth and features per pixel are the repaired network's."
     from dpm.image_network import IMAGE_CONFIGS
     for k, v in IMAGE_CONFIGS['mnist'].items():
-        if k not in ('image_shape', 'pathway'): assert MNIST_GPU.config[k] == v
+        if k not in ('image_shape', 'pathway', 'dense_layers', 'dense_channels'):
+            assert MNIST_GPU.config[k] == v
+    assert (MNIST_GPU.config['dense_layers'], MNIST_GPU.config['dense_channels']) == (4, 8)
     assert MNIST_GPU.config['T'] == 1000 and MNIST_GPU.config['parzen_samples'] == 10_000
 
 
@@ -164,11 +167,11 @@ def test_perfect_model_on_real_mnist_matches_the_paper():
 
 
 def test_configurations_are_the_chapters_design():
-    "Reference kernel, fixed schedule, beta_1 from the floor, linear path: what the chapter states."
+    "Reference kernel, fixed schedule, beta_1 from the floor, no linear path, pixel input: the chapter's."
     for exp in (MNIST, MNIST_GPU):
         c = exp.config
-        assert c['variant'] == 'reference' and c['learn_schedule'] is False
-        assert c['linear_path'] is True and c['beta_1'] == 5e-6
+        assert c['variant'] == 'reference' and c['learn_schedule'] is False and c['beta_1'] == 5e-6
+        assert c['linear_path'] is False and c['pixel_input'] is True and c['dense_layers'] == 4
 
 
 def test_beta_1_within_the_floor_budget_on_the_training_digits(monkeypatch):
