@@ -365,6 +365,7 @@ def _check_archive(f, path):
                               f"compressed or claim more bytes than the file's {size:,}")
     f.seek(0)
 
+# %% ../nbs/05_training.ipynb #b09d022b
 def _read(path) -> tuple:
     "A dpm checkpoint dict from `path` and its format number; checksum and structure not verified."
     path = Path(path)
