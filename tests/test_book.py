@@ -260,6 +260,29 @@ def test_equation_references_are_not_doubly_parenthesised():
     assert not found, f'equation references in parentheses: {found}'
 
 
+def list_lines_inside_inline_math(text: str) -> list:
+    "Lines that start with '+ ', '- ', '* ' or '1. ' while an inline $...$ is open: Markdown reads a list."
+    bad, in_display, open_inline = [], False, False
+    for i, line in enumerate(text.split('\n')):
+        if line.strip().startswith('$$'):
+            in_display = not in_display if line.strip().count('$$') == 1 else in_display
+            open_inline = False; continue
+        if in_display: continue
+        if not line.strip(): open_inline = False; continue
+        if open_inline and re.match(r'\s*([-+*]|\d+[.)])\s', line): bad.append(line[:60])
+        if len(re.findall(r'(?<![\\$])\$(?!\$)', line)) % 2: open_inline = not open_inline
+    return bad
+
+
+def test_inline_math_is_not_broken_by_a_list_marker():
+    """A line of prose math that begins with '+' or '-' starts a Markdown list and tears the formula
+    (and every role after it) out of its math: end the line above with the operator instead."""
+    assert list_lines_inside_inline_math('$a\n+ b$') and not list_lines_inside_inline_math('$a +\nb$')
+    found = [(nb.name, line) for nb in chapters() for c in _cells(nb) if c['cell_type'] == 'markdown'
+             for line in list_lines_inside_inline_math(''.join(c['source']))]
+    assert not found, f'list markers inside inline math: {found}'
+
+
 # --- figures a reader can read: every text at least 8 pt as the page shows it ------------------
 # tools/book.sh makes every kernel of the build load tools/figure_fonts.py, which records the smallest
 # text of every figure drawn (in _build/figure_fonts); the executed notebooks (_build/jupyter_execute)
