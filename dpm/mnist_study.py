@@ -220,7 +220,7 @@ def study_scale() -> dict:
     "The study's budgets at this scale: CPU seconds, held-out digits, samples, restarts, curve."
     return dict(seconds=scaled(300, 2), n_eval=scaled(200, 16), n_samples=scaled(N_SCORE, 200),
                 restarts=scaled((100, 500, 800), (3, 6, 8)),
-                long_seconds=scaled(1800, 4), snapshots=scaled((150, 300, 600, 1200), (1, 2)))
+                long_seconds=scaled(1200, 4), snapshots=scaled((300, 600), (1, 2)))
 
 def study_dir() -> Path:
     return repo_root() / 'results' / 'mnist_samples'
@@ -236,13 +236,16 @@ def run_study(name: str, seed: int = 0, out=None, ref: DigitReference = None, lo
     ref = ref or digit_reference()
     measure = lambda restarts: measure_study(d, model, ref, heldout[:sc['n_eval']], train,
                                              sc['n_samples'], restarts, seed)
-    rec.update(measure(sc['restarts']), long=long, small=small_scale(), machine=machine(),
-               threads=torch.get_num_threads(), time=time.strftime('%Y-%m-%d %H:%M:%S'))
+    rec.update(measure(() if long else sc['restarts']), long=long, small=small_scale(),
+               machine=machine(), threads=torch.get_num_threads(),
+               time=time.strftime('%Y-%m-%d %H:%M:%S'))
     final = {k: v.clone() for k, v in model.state_dict().items()}
     rec['curve'] = []
     for cpu_s, step, state in kept:
         model.load_state_dict(state)
-        rec['curve'].append(dict(cpu_seconds=cpu_s, steps=step, **measure(())))
+        try: point = measure(())
+        except ValueError as e: point = dict(diverged=str(e))    # its sampler left the numbers
+        rec['curve'].append(dict(cpu_seconds=cpu_s, steps=step, **point))
     model.load_state_dict(final)
     if out is not None:
         from dpm.training import write_json
