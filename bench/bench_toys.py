@@ -41,7 +41,7 @@ def gap_curve(name, seed, threads, device, every, sets=None):
     import torch
     torch.set_num_threads(threads)
     os.environ.pop('DPM_SMALL', None)
-    from dpm import training
+    from dpm import training, experiments
     from dpm.cli import get_experiment
     from dpm.diffusion import LN2
     from dpm.swiss_roll import true_log_likelihood
@@ -69,13 +69,13 @@ def gap_curve(name, seed, threads, device, every, sets=None):
         return k
 
     training._held_out_eval = eval_and_gap
-    d, reverse, info = training.run(exp, out, overrides, seed=seed, device=device, progress=False)
+    d, reverse, info = experiments.run(exp, out, overrides, seed=seed, device=device, progress=False)
     final = exp.evaluate(d, reverse, {**cfg, 'seed': seed}, exp.data(cfg, seed)[1])
     curve.append(dict(step=info['steps'], train_seconds=info['train_seconds'] - spent[0],
                       gap_bits=final['gap_bits'], gap_bits_se=final['gap_bits_se'],
                       n=final['n_heldout'], final=True))
     return dict(experiment=name, seed=seed, threads=threads, curve=curve, peers=PEERS,
-                config=cfg, machine=training.machine(),
+                config=cfg, machine=experiments.machine(),
                 command=f'python bench/bench_toys.py {name} --time-to-gap --seed {seed} --threads {threads}'
                         + ''.join(f' --set {k}={json.dumps(v)}' for k, v in (sets or {}).items()))
 
@@ -86,7 +86,7 @@ def one(name, seed, threads, device, reuse=False):
     torch.set_num_threads(threads)
     os.environ.pop('DPM_SMALL', None)
     from dpm.cli import get_experiment
-    from dpm.training import run, save_model, load_model, machine, peak_memory_mb
+    from dpm.experiments import run, save_model, load_model, machine, peak_memory_mb
     exp = get_experiment(name)
     out = ROOT / 'runs' / 'bench' / name
     stored = ROOT / 'results' / 'models' / f'{name}.pt'

@@ -24,7 +24,7 @@ def one(variant, learn, steps, n_eval, seed, threads):
     torch.set_num_threads(threads)
     os.environ.pop('DPM_SMALL', None)
     from dpm.dead_leaves import DEAD_LEAVES, _data, _evaluate
-    from dpm.training import run
+    from dpm.experiments import run
     overrides = dict(variant=variant, learn_schedule=learn, steps=steps, eval_every=0, n_eval=n_eval)
     tag = f"{variant}-{'learned' if learn else 'fixed'}-{steps}-seed{seed}"
     d, reverse, info = run(DEAD_LEAVES, ROOT / 'runs' / 'dead_leaves_ablation' / tag, overrides, seed,
@@ -72,7 +72,7 @@ def main():
                   f"bits/pixel ({r['train_seconds']:.0f} s)", flush=True)
             results.append(r)
     sys.path.insert(0, str(ROOT))
-    from dpm.training import machine
+    from dpm.experiments import machine
     record = dict(steps=a.steps, n_eval=a.n_eval, seed=a.seed, threads=a.threads, parallel=a.parallel,
                   runs=results, wall_seconds=time.time() - t0, machine=machine(),
                   time=datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds'))

@@ -15,7 +15,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpm.cli import get_experiment
-from dpm.training import TrainConfig, build, experiment_data, train, machine
+from dpm.training import TrainConfig, train
+from dpm.experiments import build, experiment_data, machine
 
 
 def rate(name: str, seconds: float, device: str) -> dict:

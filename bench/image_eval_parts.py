@@ -13,7 +13,7 @@ os.environ.setdefault('DPM_SMALL', '0')
 import torch
 from dpm.baselines import LinearReverse, VAR_MIN, paired_bounds
 from dpm.image_network import ImageReverse
-from dpm.training import train_or_load, build
+from dpm.experiments import train_or_load, build
 from dpm import mnist as mn, dead_leaves as dl
 from before_after import cpu, pair_recorder          # bench/ is the script's directory
 

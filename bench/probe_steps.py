@@ -18,7 +18,8 @@ def main():
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     from dpm.cli import get_experiment
-    from dpm.training import build, train, TrainConfig
+    from dpm.training import train, TrainConfig
+    from dpm.experiments import build
     exp = get_experiment(a.experiment)
     cfg = exp.resolve(dict(steps=10 + a.probe, eval_every=0)); cfg['seed'] = 0
     t_build = time.perf_counter()

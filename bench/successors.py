@@ -18,7 +18,8 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpm.config import small_scale
-from dpm.training import machine, write_json
+from dpm.files import write_json
+from dpm.experiments import machine
 from dpm.successors import (DATA_SETS, LADDER_BUDGET, ladder_setup, ladder_models, run_ladder,
                             sample_figure)
 

@@ -110,7 +110,8 @@ def _legacy(paths) -> bytes:
 
 def unpack(target, shards):
     "Write the model file the shards make to `target` (float32 again); its checksum is new."
-    from dpm.training import atomic_save, load_checkpoint
+    from dpm.checkpoints import atomic_save
+    from dpm.training import load_checkpoint
     raw = _joined(shards)
     try: ck = torch.load(io.BytesIO(raw), map_location='cpu', weights_only=True)
     except Exception as e:
@@ -148,7 +149,7 @@ def main(argv=None):
     r.add_argument('record')
     args = p.parse_args(argv)
     if args.command == 'pack' and args.shard_bytes < 1: p.error('--shard-bytes must be >= 1')
-    from dpm.training import DpmError
+    from dpm.settings import DpmError
     try:
         if args.command == 'pack':
             pack(args.out_dir, args.models, args.shard_bytes, args.exact_below)

@@ -4,16 +4,20 @@
 __all__ = ['L_NULL_BITS', 'TILE_MAX', 'RECIPES', 'RESAMPLE', 'GAUSS_MODEL_MAX_D', 'BARK', 'BARK_GPU', 'inpaint_tiles',
            'bark_levels', 'heldout_groups', 'bark_scaler', 'inpaint_images', 'bark_reverse', 'resized', 'ceiling_bits',
            'Batched', 'autocovariance', 'lag_covariance', 'hole_mask', 'hole_of', 'gaussian_inpaint', 'harmonic_fill',
-           'spectrum_distance', 'histogram_distance', 'inpaint_study', 'fill_holes', 'resample_steps',
+           'spectrum_distance', 'histogram_distance', 'inpaint_study', 'study_key', 'fill_holes', 'resample_steps',
            'stationary_model', 'plot_figure5']
 
 # %% ../nbs/15_bark.ipynb #66b83a12
-import math, time, functools
+import sys, json, math, time, hashlib, functools
+from pathlib import Path
 import torch
 import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import ImageReverse, image_diffusion, network_config
-from .training import Experiment, train_or_load, evaluate_bound, repo_root
+from .files import open_regular, atomic_write
+from .checkpoints import checksum
+from .training import evaluate_bound, Model
+from .experiments import Experiment, train_or_load, repo_root, machine
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 from .bound import _draw, _reverse_step, cat_kernels
@@ -95,7 +99,8 @@ _GPU = dict(_CONFIG, size=64, n_train=50_000, n_heldout=1000, n_eval=500, inpain
 _PAPER = dict(K_bits=-0.55, K_minus_L_null_bits=1.5)
 
 # %% ../nbs/15_bark.ipynb #22b539e3
-from .baselines import gaussian_log_likelihood, image_baselines   # eq-bark-gauss = eq-base-gauss
+from .baselines import (gaussian_log_likelihood, image_baselines,   # eq-bark-gauss = eq-base-gauss
+                           evaluation_images, check_below_ceiling)
 
 # %% ../nbs/15_bark.ipynb #354930f5
 _NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'hidden_1x1', 'layers_1x1',
@@ -272,13 +277,54 @@ def histogram_distance(a, b):
 _LAST_STUDY = {}                   # evaluate and figures of one `dpm evaluate` share one study
 
 @torch.no_grad()
-def inpaint_study(d, reverse, cfg, seed: int = 0):
+def inpaint_study(d, reverse, cfg, seed: int = 0, record=None):
     "Figure 5 and its numbers: fills of the central hole by the model and by the two baselines."
     key = (id(d), id(reverse), seed, tuple(sorted((k, str(v)) for k, v in cfg.items())))
     if _LAST_STUDY.get('key') == key: return _LAST_STUDY['value']
     _LAST_STUDY.clear()
-    value = _inpaint_study(d, reverse, cfg, seed)
+    value = _study_record(d, reverse, cfg, seed, record)
     _LAST_STUDY.update(key=key, value=value, keep=(d, reverse))   # keep: ids stay unique
+    return value
+
+
+# %% ../nbs/15_bark.ipynb #fe000002
+_STUDY_CODE = ('bark', 'posterior', 'baselines', 'bound', 'diffusion', 'reverse', 'image_network',
+               'data', 'sample_quality')            # the modules whose code the study runs
+
+def study_key(d, reverse, cfg, seed: int, x) -> str:
+    "sha256 of what the study's numbers depend on: weights, images, settings, seed, code, PyTorch."
+    import importlib, inspect
+    weights = {k: v.detach().cpu() for k, v in Model(d, reverse).state_dict().items()}
+    code = ''.join(inspect.getsource(importlib.import_module(f'dpm.{m}')) for m in _STUDY_CODE)
+    parts = dict(weights=checksum(weights), images=checksum({'x': x.cpu()}), seed=seed,
+                 config=sorted((k, str(v)) for k, v in cfg.items()), torch=torch.__version__,
+                 code=hashlib.sha256(code.encode()).hexdigest())
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+# %% ../nbs/15_bark.ipynb #fe000004
+def _study_record(d, reverse, cfg, seed, record):
+    "The study read from `record` if its key matches, else run (and written to `record`, if any)."
+    x = inpaint_images(cfg, seed)
+    key = study_key(d, reverse, cfg, seed, x) if record is not None else None
+    if record is not None and Path(record).exists():
+        try:
+            with open_regular(record, 'study record', 1 << 26) as f:
+                r = torch.load(f, weights_only=True)
+            if r.get('key') == key:
+                fills = {k: v.float() for k, v in r['fills'].items()}
+                return r['numbers'], dict(r['info'], read=True), fills, r['x'].float(), r['known']
+        except Exception as e:                  # unreadable: run the study and write it anew
+            print(f"not reading {record}: {str(e)[:100]}", file=sys.stderr)
+    value = _inpaint_study(d, reverse, cfg, seed)
+    if record is not None:
+        numbers, info, fills, x_all, known = value
+        shown = list(range(0, len(x_all), inpaint_tiles(cfg) ** 2))      # what figures show
+        keep = dict(key=key, numbers=numbers, info=dict(info, shown=shown, machine=machine()),
+                    fills={k: v[:, shown].half() for k, v in fills.items()},
+                    x=x_all[shown].half(), known=known)
+        atomic_write(record, lambda f: torch.save(keep, f))
+        shown_fills = {k: v[:, shown] for k, v in fills.items()}
+        return numbers, keep['info'], shown_fills, x_all[shown], known
     return value
 
 
@@ -412,9 +458,7 @@ def _inpaint_study(d, reverse, cfg, seed):
 def _bound_numbers(base: dict, scaler: Scaler) -> dict:
     "Table 1's numbers from image_baselines (grouped SEs), L_null of the held-out set, ceiling."
     K, K_se = base['K_bits'], base['K_bits_se']
-    top = ceiling_bits(scaler)
-    if K - 4 * K_se > top:
-        raise RuntimeError(f"dpm: K = {K:.3f} bits per pixel is above the ceiling {top:.3f}: a bug")
+    top = check_below_ceiling(K, K_se, ceiling_bits(scaler))
     return dict(K_bits=K, K_bits_se=K_se, L_null_bits=L_NULL_BITS,
                 K_minus_L_null_bits=K - L_NULL_BITS, L_null_heldout_bits=base['null_bits'],
                 K_minus_L_null_heldout_bits=base['K_minus_null_bits'],       # eq-base-null
@@ -430,9 +474,7 @@ def _bound_numbers(base: dict, scaler: Scaler) -> dict:
 def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general), K - L_null, the Gaussian (eq-bark-gauss), the ceiling; inpainting study."
     dev, seed = d.device, cfg.get('seed', 0)
-    x = heldout[:cfg['n_eval']].to(dev)
-    groups = heldout_groups(cfg, seed)
-    groups = None if groups is None else groups[:len(x)]
+    x, groups = evaluation_images(d, cfg, heldout, heldout_groups(cfg, seed))
     train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()
     base = image_baselines(d, Batched(reverse), train, x, seed + 1, cfg['eval_batch'],

@@ -4,7 +4,7 @@
 __all__ = ['COVARIANCES', 'EVAL_CHUNK', 'fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit',
            'fit_eigen', 'LinearReverse', 'marginal_variances', 'first_step_floor', 'prior_gap', 'floor_bits',
            'choose_beta_1', 'diagonal_gap', 'diagonal_gap_bits', 'paired_bounds', 'paired', 'grouped_se',
-           'null_log_prob', 'by_group', 'linear_of', 'image_baselines']
+           'null_log_prob', 'by_group', 'linear_of', 'image_baselines', 'evaluation_images', 'check_below_ceiling']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
 import math
@@ -288,3 +288,17 @@ def image_baselines(d, reverse, train, x, seed: int = 0, batch_size: int = 500,
     out['n_groups'] = len(x) if groups is None else len(torch.unique(torch.as_tensor(groups)))
     out['heldout_second_moment'] = x.double().pow(2).mean().item()       # E[x^2] per value
     return out
+
+# %% ../nbs/10a_baselines.ipynb #fd000002
+def evaluation_images(d, cfg: dict, heldout, groups=None) -> tuple:
+    "The first `n_eval` held-out images on `d`'s device, and their groups (None: independent)."
+    x = heldout[:cfg['n_eval']].to(d.device)
+    return x, None if groups is None else groups[:len(x)]
+
+def check_below_ceiling(K_bits: float, K_bits_se: float, ceiling_bits: float,
+                        unit: str = 'bits per pixel') -> float:
+    "The ceiling, after refusing a K more than 4 standard errors above it (a bug, not a result)."
+    if K_bits - 4 * K_bits_se > ceiling_bits:
+        raise RuntimeError(f"dpm: K = {K_bits:.3f} {unit} is above the ceiling "
+                           f"{ceiling_bits:.3f}: a bug")
+    return ceiling_bits

@@ -9,7 +9,6 @@ import torch
 from fastcore.basics import patch
 from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps,
                            LOG_2PI, bernoulli_log_prob)
-from .reverse import PerStepLinear, BumpLinear
 
 # %% ../nbs/02_bound.ipynb #33c1da2b
 def reverse_step(d: Diffusion, reverse, xt, t):
@@ -91,8 +90,8 @@ def cat_kernels(parts: list):
     return tuple(torch.cat(z) for z in zip(*(p[:2] for p in parts))) + tuple(parts[0][2:])
 
 def _reverse_by_step(reverse, xt, t, runs: int = 1):
-    "reverse(xt, t), called once per run of one step when its readout is formed once per step."
-    if runs == 1 or not isinstance(getattr(reverse, 'readout', None), (PerStepLinear, BumpLinear)):
+    "reverse(xt, t), once per run of one step if its readout says it is formed `per_step` (04)."
+    if runs == 1 or not getattr(getattr(reverse, 'readout', None), 'formed_per_step', False):
         return reverse(xt, t)
     outs = [reverse(x, s) for x, s in zip(xt.chunk(runs), t.chunk(runs))]   # equal runs
     return cat_kernels(outs)

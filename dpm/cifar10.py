@@ -13,12 +13,14 @@ import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
                                linear_path)
-from .training import Experiment, train_or_load, evaluate_bound
+from .training import evaluate_bound
+from .experiments import Experiment, train_or_load
 from .sample_quality import texture_numbers
 from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, PHOTOS_TRAIN,
                       photo_tiles, data_checksum, PHOTO_SOURCE)
 from .posterior import denoise
 from .baselines import (fit_gaussian, gaussian_log_prob, image_baselines, paired, GaussianFit,
+                           evaluation_images, check_below_ceiling,
                            LinearReverse)
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
@@ -252,11 +254,7 @@ def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, g
 def _check_ceiling(K: float, K_se: float, scaler: Scaler) -> float:
     "The ceiling of eq-cf-ceiling in bits per dim; an error if K (nats/dim) is 4 se above it."
     # $8 - \log_2 s$ bits per dimension
-    ceiling = 8 - math.log2(scaler.scale)
-    if (K - 4 * K_se) / LN2 > ceiling:
-        raise RuntimeError(f"dpm: K = {K / LN2:.3f} bits per dim is above the ceiling "
-                           f"{ceiling:.3f} of 8-bit data: a bug")
-    return ceiling
+    return check_below_ceiling(K / LN2, K_se / LN2, 8 - math.log2(scaler.scale), 'bits per dim')
 
 def _table1_numbers(K, K_se, g, scaler: Scaler, ceiling: float, base: dict) -> dict:
     "K (nats/dim), the Gaussian's g (nats/dim, per image), `base`'s SEs: per RGB pixel, 8-bit."
@@ -302,9 +300,7 @@ def _valid_numbers(d, reverse, cfg, train, seed) -> dict:
 def _evaluate(d, reverse, cfg, heldout):
     "Table 1 numbers per RGB pixel, grouped SEs, L_null of the held-out set; Figure 3's errors."
     dev, seed = d.device, cfg.get('seed', 0)
-    x = heldout[:cfg['n_eval']].to(dev)
-    groups = heldout_groups(cfg, seed)
-    groups = None if groups is None else groups[:len(x)]
+    x, groups = evaluation_images(d, cfg, heldout, heldout_groups(cfg, seed))
     D, scaler = x[0].numel(), model_scaler(d)
     train = _data(cfg, seed)[0].to(dev)
     t0 = time.perf_counter()

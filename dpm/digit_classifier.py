@@ -13,8 +13,8 @@ from torch import nn
 import torch.nn.functional as F
 from .sample_quality import check_samples, frechet_distance, class_scores
 from .data import load_mnist
-from .training import (CheckpointError, FORMAT, atomic_save, checksum, _read, repo_root,
-                          packaged_model, machine)
+from .checkpoints import CheckpointError, FORMAT, atomic_save, checksum, _read
+from .experiments import repo_root, packaged_model, machine
 
 # %% ../nbs/12b_digit_classifier.ipynb #a8556062
 class DigitClassifier(nn.Module):

@@ -11,7 +11,8 @@ import itertools, math, time
 import torch
 from .diffusion import BinomialDiffusion, binomial_schedule, LN2
 from .reverse import ReverseModel, HeartbeatReverse, BumpMLPReverse, PROB_EPS
-from .training import Experiment, train_or_load, evaluate_bound
+from .training import evaluate_bound
+from .experiments import Experiment, train_or_load
 
 # %% ../nbs/08_heartbeat.ipynb #a96bb0a6
 LENGTH, PERIOD, RATE = 20, 5, 0.2

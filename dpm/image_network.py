@@ -13,7 +13,7 @@ from fastcore.basics import patch
 from .diffusion import per_step, GaussianDiffusion, GaussianSchedule
 from .reverse import ReverseModel, TemporalBumps, VAR_MIN
 from .baselines import LinearReverse, GaussianFit, fit_eigen
-from .training import weights_follow
+from .experiments import weights_follow
 
 # %% ../nbs/10_image_network.ipynb #5d796918
 VARIANTS = ('paper', 'reference')

@@ -13,7 +13,8 @@ from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, networ
                                linear_path)
 from .baselines import image_baselines
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
-from .training import Experiment, train_or_load, evaluate_bound, repo_root, _RESUMABLE
+from .training import evaluate_bound, _RESUMABLE
+from .experiments import Experiment, train_or_load, repo_root
 from .digit_classifier import digit_reference, score_sets, N_SCORE, reference_rows
 from .config import scaled
 

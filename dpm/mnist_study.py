@@ -12,7 +12,8 @@ import torch
 from .diffusion import LN2, per_step
 from .bound import kl_terms
 from .reverse import ReverseModel, VAR_MIN
-from .training import stratified_steps, WeightAverage, build, repo_root, machine
+from .training import stratified_steps, WeightAverage
+from .experiments import build, repo_root, machine
 from .baselines import paired_bounds, paired, gaussian_log_likelihood
 from .mnist import MNIST, _data, scaler_of, dequantized, mnist_scaler, SHAPE
 from .digit_classifier import DigitReference, N_SCORE, reference_rows, digit_reference
@@ -248,7 +249,7 @@ def run_study(name: str, seed: int = 0, out=None, ref: DigitReference = None, lo
         rec['curve'].append(dict(cpu_seconds=cpu_s, steps=step, **point))
     model.load_state_dict(final)
     if out is not None:
-        from dpm.training import write_json
+        from dpm.files import write_json
         Path(out).mkdir(parents=True, exist_ok=True)
         write_json(rec, Path(out) / f"{name}{'-long' if long else ''}-seed{seed}.json")
     return rec

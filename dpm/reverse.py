@@ -50,6 +50,7 @@ def posterior_kernel(d: GaussianDiffusion, x, z_mu, z_sigma, t):
 # %% ../nbs/04_reverse.ipynb #c29162cf
 class PerStepLinear(nn.Module):
     "One affine readout $z = W_t^T h + b_t$ per step, a (T, in, out) tensor (eq-rev-readout)."
+    formed_per_step = True   # weights formed per step: the bound calls it one step at a time
     def __init__(self,
                  T: int,                     # number of steps, one readout each
                  n_in: int,                  # H, features h
@@ -103,6 +104,7 @@ class TemporalBumps(nn.Module):
 # %% ../nbs/04_reverse.ipynb #808a1eaa
 class BumpLinear(nn.Module):
     "Affine readout per t, weights smooth in t: $W_t = \\sum_j g_j(t) V_j$ (eq-rev-bump-linear)."
+    formed_per_step = True   # weights formed per step: the bound calls it one step at a time
     def __init__(self,
                  T: int,                    # number of steps
                  n_in: int,                 # H, features h

@@ -14,7 +14,8 @@ from fastcore.basics import patch
 from .diffusion import GaussianDiffusion, per_step, check_betas, LN2
 from .reverse import ReverseModel, gaussian_kernel, VAR_MIN
 from .bound import prior_term, first_step_term
-from .training import stratified_steps, experiment_data, WeightAverage
+from .training import stratified_steps, WeightAverage
+from .experiments import experiment_data
 from .config import scaled
 from .baselines import paired_bounds, paired
 

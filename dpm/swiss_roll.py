@@ -11,7 +11,8 @@ import functools, math, time
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2
 from .reverse import RBFReverse, MLPReverse
-from .training import Experiment, train_or_load, evaluate_bound
+from .training import evaluate_bound
+from .experiments import Experiment, train_or_load
 
 # %% ../nbs/07_swiss_roll.ipynb #114d0071
 U_MIN, U_MAX = 1.5 * math.pi, 4.5 * math.pi

@@ -130,7 +130,7 @@ resource.setrlimit(resource.RLIMIT_FSIZE, ({n}, {n}))
 
 def toy_model(out: Path):
     "Train the small swiss roll into `out` in this process (a few seconds); the run's info."
-    from dpm.training import run
+    from dpm.experiments import run
     from dpm.swiss_roll import SWISS_ROLL
     os.environ['DPM_SMALL'] = '1'
     return run(SWISS_ROLL, out, dict(steps=20, T=10, eval_every=10), progress=False)[2]

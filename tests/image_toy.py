@@ -3,7 +3,7 @@ import torch
 from torch import nn
 from dpm.diffusion import GaussianDiffusion, GaussianSchedule
 from dpm.reverse import ReverseModel
-from dpm.training import Experiment
+from dpm.experiments import Experiment
 
 
 class ConvReverse(ReverseModel):

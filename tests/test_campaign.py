@@ -43,7 +43,8 @@ def models(tmp_path_factory):
 
 
 def test_round_trip_in_tiny_shards(models, tmp_path):
-    from dpm.training import load_checkpoint, load_model
+    from dpm.training import load_checkpoint
+    from dpm.experiments import load_model
     from dpm.dead_leaves import DEAD_LEAVES
     model = models / 'a' / 'dead_leaves' / 'model.pt'
     shards = weights.pack(tmp_path / 'shards', [model], shard=TINY, exact_below=SMALL)
@@ -97,7 +98,7 @@ def test_shards_of_the_first_campaign_are_read(models, tmp_path):
     parts = [tmp_path / f'm.bf16.{i:02d}.pt' for i in range(3)]
     for i, p in enumerate(parts): p.write_bytes(raw[i * TINY:(i + 1) * TINY] if i < 2 else raw[2 * TINY:])
     weights.unpack(tmp_path / 'model.pt', parts[::-1])
-    from dpm.training import load_model
+    from dpm.experiments import load_model
     from dpm.dead_leaves import DEAD_LEAVES
     load_model(DEAD_LEAVES, tmp_path / 'model.pt')
     with pytest.raises(weights.ShardError, match='without a gap'): weights.unpack(tmp_path / 'y.pt', parts[1:])
@@ -128,7 +129,8 @@ def test_warm_restart_from_unpacked_shards(models, tmp_path):
 
 def test_warm_restart_refuses_weights_of_other_training_data(tmp_path):
     "A model file whose record names other training data (a changed stand-in) is not warm-started."
-    from dpm.training import atomic_save, load_checkpoint
+    from dpm.checkpoints import atomic_save
+    from dpm.training import load_checkpoint
     quick = ['--set', 'eval_every=0', '--no-progress']
     dpm('train', 'mnist', '--out', str(tmp_path / 'first'), '--set', 'steps=2', *quick)  # + its data
     ck = load_checkpoint(tmp_path / 'first' / 'model.pt')
@@ -147,7 +149,7 @@ def test_warm_restart_refuses_weights_of_other_training_data(tmp_path):
 def test_committed_weights_unpack_to_the_recorded_model(name, tmp_path):
     "results/<name>_gpu/weights: the model the committed record describes, loadable for --init."
     from dpm.cli import get_experiment
-    from dpm.training import load_model
+    from dpm.experiments import load_model
     shards = sorted((ROOT / 'results' / f'{name}_gpu' / 'weights').glob(f'{name}_gpu.bf16.*.pt'))
     if not shards: pytest.skip(f'no committed weights for {name}_gpu')
     weights.unpack(tmp_path / 'model.pt', shards)

@@ -139,7 +139,7 @@ def test_beta_1_within_the_floor_budget_on_the_training_crops(monkeypatch):
 def test_gpu_record_has_what_the_chapter_reads():
     "The committed paper-scale record: baselines in bits per dimension, 3 per RGB pixel."
     import json
-    from dpm.training import repo_root
+    from dpm.experiments import repo_root
     p = repo_root() / 'results' / 'cifar10_gpu' / 'record.json'
     if not p.exists(): pytest.skip('no paper-scale record committed')
     rec = json.loads(p.read_text())
@@ -158,7 +158,7 @@ def test_book_record_is_the_configured_model_photo_by_photo():
     """The committed book-scale record: made with the chapter's configuration (T, schedule, network),
     trained within 30 minutes, and its per-photograph rows add up to its K and Gaussian."""
     import json
-    from dpm.training import repo_root
+    from dpm.experiments import repo_root
     from dpm.cifar10 import _CONFIG
     from dpm.data import PHOTOS_TEST
     rec = json.loads((repo_root() / 'results' / 'cifar10' / 'record.json').read_text())

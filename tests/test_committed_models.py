@@ -3,7 +3,8 @@ The digit classifier of chapter 12b lies beside them and is checked by its own l
 from pathlib import Path
 import pytest, torch
 from dpm.cli import get_experiment
-from dpm.training import ALPHA_BAR_T_MAX, load_model
+from dpm.training import ALPHA_BAR_T_MAX
+from dpm.experiments import load_model
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER = 'digit_classifier.pt'

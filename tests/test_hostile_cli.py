@@ -11,7 +11,8 @@ import torch
 from hostile_helpers import (ENV, Call, bark_dir, cifar_dir, dpm, exits, jpeg, limit_file_size, one_line,
                              sparse, toy_model)
 from dpm.cli import main
-from dpm.training import CheckpointError, ConfigError, atomic_save
+from dpm.settings import ConfigError
+from dpm.checkpoints import CheckpointError, atomic_save
 
 
 @pytest.fixture(scope='module')
@@ -239,7 +240,7 @@ def test_stand_in_provenance_is_said(tmp_path, fresh_data, capsys, monkeypatch):
     "Without DPM_DATA the CIFAR-10 experiment names its stand-in on the terminal and in training.json."
     monkeypatch.delenv('DPM_DATA', raising=False)
     import dpm.cifar10 as C
-    from dpm.training import data_records, describe_data
+    from dpm.experiments import data_records, describe_data
     recs = data_records(C.CIFAR10, C.CIFAR10.resolve(), 0)
     assert [(r['split'], r['stand_in']) for r in recs] == [('train', True), ('test', True),
                                                            ('valid', True)]

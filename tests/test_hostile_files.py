@@ -8,8 +8,11 @@ import pytest
 import torch
 from hostile_helpers import (ROOT, ENV, Call, LIMIT_MEMORY, bark_dir, cifar_batch, cifar_dir, exits,
                              huge_header_jpeg, jpeg, python, sparse, toy_model)
-from dpm.training import (CheckpointError, DataError, atomic_save, atomic_write, load_checkpoint, load_model,
-                          open_regular, remove_leftovers, train, upgrade_checkpoint, TrainConfig)
+from dpm.settings import DataError
+from dpm.files import atomic_write, open_regular, remove_leftovers
+from dpm.checkpoints import CheckpointError, atomic_save, upgrade_checkpoint
+from dpm.training import load_checkpoint, train, TrainConfig
+from dpm.experiments import load_model
 from dpm.data import load_bark, load_cifar10, read_cifar_batch, read_grey_jpeg
 from dpm.swiss_roll import SWISS_ROLL
 
@@ -89,7 +92,7 @@ def test_resume_state_must_fit_the_model(trained, tmp_path, what):
         k = next(iter(ck['model'])); ck['model'][k] = ck['model'][k].double()
     bad = crafted(trained / 'checkpoint.pt', tmp_path / 'checkpoint.pt', ck)
     os.environ['DPM_SMALL'] = '1'
-    from dpm.training import build, experiment_data
+    from dpm.experiments import build, experiment_data
     cfg = SWISS_ROLL.resolve(dict(steps=20, T=10, eval_every=10)); cfg['seed'] = 0
     d, rev = build(SWISS_ROLL, cfg)
     x, h = experiment_data(SWISS_ROLL, cfg)
@@ -177,7 +180,7 @@ def test_a_full_disk_leaves_the_previous_file(trained, tmp_path, monkeypatch, ro
 
 @pytest.mark.parametrize('umask, mode', [(0o022, 0o644), (0o077, 0o600), (0o002, 0o664)])
 def test_written_files_get_the_usual_permissions(tmp_path, umask, mode):
-    from dpm.training import write_json
+    from dpm.files import write_json
     old = os.umask(umask)
     try:
         write_json({'a': 1}, tmp_path / 'record.json'); atomic_save({'x': 1}, tmp_path / 'model.pt')
@@ -202,7 +205,7 @@ def test_leftovers_of_killed_writes_are_removed_on_the_next_start(trained, tmp_p
     (out / 'checkpoint.pt.ab12cd34.tmp').write_bytes(b'half')               # an older dpm's leftover
     code = f'''
 import os, signal, time
-from dpm.training import atomic_write
+from dpm.files import atomic_write
 for _ in range(5):                                # fork a writer, SIGKILL it in the middle of its write
     r, w = os.pipe()
     pid = os.fork()
@@ -246,7 +249,7 @@ def test_a_broken_cifar_set_under_dpm_data_is_an_error_not_a_fallback(tmp_path, 
 
 def test_real_cifar_provenance_is_recorded(tmp_path, monkeypatch):
     import dpm.cifar10 as C
-    from dpm.training import data_records, describe_data
+    from dpm.experiments import data_records, describe_data
     cifar_dir(tmp_path, n=3)
     monkeypatch.setenv('DPM_DATA', str(tmp_path)); monkeypatch.setenv('DPM_SMALL', '1')
     C._images.cache_clear()
@@ -308,7 +311,8 @@ def test_memory_bombs_are_refused_before_allocating(tmp_path):
     r = python(LIMIT_MEMORY + f'''
 import os, tempfile
 from pathlib import Path
-from dpm.training import DpmError, MAX_ELEMENTS, run
+from dpm.settings import DpmError, MAX_ELEMENTS
+from dpm.experiments import run
 from dpm.data import read_cifar_batch, read_grey_jpeg, load_cifar10
 from dpm.cli import main
 from dpm.swiss_roll import SWISS_ROLL
@@ -343,7 +347,8 @@ print('done')
 
 # 6. a named pipe in every place dpm reads --------------------------------------------------------------
 def test_named_pipes_never_block(tmp_path, trained):
-    from dpm.training import DpmError, out_lock
+    from dpm.settings import DpmError
+    from dpm.files import out_lock
     from dpm.cli import parse_overrides
     from test_hostile_cli import within
     bark_dir(tmp_path / 'bark'); os.mkfifo(tmp_path / 'bark' / 'T01' / 'T01_zz.jpg')

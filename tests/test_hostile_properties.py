@@ -11,8 +11,10 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings, strategies as st
 from hostile_helpers import cifar_batch, py2_cifar_batch, toy_model
-from dpm.training import (CheckpointError, ConfigError, DataError, DpmError, TrainConfig, atomic_save, build,
-                          check_config, experiment_data, load_checkpoint, load_model, train, TRAIN_KEYS)
+from dpm.settings import ConfigError, DataError, DpmError, check_config
+from dpm.checkpoints import CheckpointError, atomic_save
+from dpm.training import TrainConfig, load_checkpoint, train, TRAIN_KEYS
+from dpm.experiments import build, experiment_data, load_model
 from dpm.data import read_cifar_batch
 
 BOUNDED = dict(deadline=timedelta(seconds=5), suppress_health_check=list(HealthCheck), derandomize=True,

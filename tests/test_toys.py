@@ -6,7 +6,8 @@ from dpm.swiss_roll import sample_swiss_roll, true_log_likelihood as sr_ll, geom
 from dpm.heartbeat import heartbeats, sample_heartbeats, is_heartbeat, true_log_likelihood as hb_ll, diffusion, align
 from dpm.reverse import RBFReverse, MLPReverse, HeartbeatReverse, PerStepLinear
 from dpm.diffusion import GaussianDiffusion
-from dpm.training import TrainConfig, train, CheckpointError, load_checkpoint, atomic_save
+from dpm.checkpoints import CheckpointError, atomic_save
+from dpm.training import TrainConfig, train, load_checkpoint
 
 
 def test_swiss_roll_data():
@@ -50,7 +51,7 @@ def test_checkpoint_errors(tmp_path):
 def test_stale_stored_model_is_retrained_not_a_crash(tmp_path, monkeypatch):
     "A model.pt written by an older version (its config lacks a key the builder needs) is a CheckpointError."
     from dpm.swiss_roll import SWISS_ROLL
-    from dpm.training import load_model, build, save_model
+    from dpm.experiments import load_model, build, save_model
     monkeypatch.setenv('DPM_SMALL', '1')
     cfg = SWISS_ROLL.resolve(); cfg['seed'] = 0
     d, rev = build(SWISS_ROLL, cfg, 0, 'cpu')

@@ -96,7 +96,8 @@ def test_flipped_bytes_are_detected(trained, tmp_path):
     bad = tmp_path / 'model.pt'; bad.write_bytes((trained / 'model.pt').read_bytes())
     _flip_a_weight_byte(bad)
     torch.load(bad, weights_only=True)                                          # torch itself does not notice
-    from dpm.training import load_checkpoint, CheckpointError
+    from dpm.checkpoints import CheckpointError
+    from dpm.training import load_checkpoint
     with pytest.raises(CheckpointError, match='checksum'): load_checkpoint(bad)
     refused(dpm('evaluate', 'swiss_roll', '--out', str(tmp_path), check=False), 'checksum')
 
@@ -115,7 +116,8 @@ def test_old_files_without_checksum_are_refused_and_can_be_upgraded(trained, tmp
 
 
 def test_committed_models_carry_checksums():
-    from dpm.training import load_checkpoint, checksum, _read
+    from dpm.checkpoints import checksum, _read
+    from dpm.training import load_checkpoint
     for f in sorted((ROOT / 'results' / 'models').glob('*.pt')):
         if f.name == 'digit_classifier.pt':      # not a diffusion model: its own kind, same checksum
             obj = _read(f)[0]; assert obj['checksum'] == checksum(obj)
@@ -123,7 +125,8 @@ def test_committed_models_carry_checksums():
 
 
 def test_a_classifier_is_not_taken_for_a_diffusion_model():
-    from dpm.training import load_checkpoint, CheckpointError
+    from dpm.checkpoints import CheckpointError
+    from dpm.training import load_checkpoint
     with pytest.raises(CheckpointError, match='unknown kind'):
         load_checkpoint(ROOT / 'results' / 'models' / 'digit_classifier.pt')
 
@@ -225,7 +228,8 @@ def test_ctrl_c_says_where_to_resume(tmp_path):
 
 # 8. hostile model files ------------------------------------------------------------------------------
 def test_enormous_layers_are_refused_before_allocating(trained, tmp_path):
-    from dpm.training import atomic_save, load_model, CheckpointError
+    from dpm.checkpoints import atomic_save, CheckpointError
+    from dpm.experiments import load_model
     from dpm.swiss_roll import SWISS_ROLL
     ck = torch.load(trained / 'model.pt', weights_only=True)
     ck['config'] = {**ck['config'], 'width': 8192}               # 8192^2 weights per hidden layer; tensors stay small
@@ -236,7 +240,8 @@ def test_enormous_layers_are_refused_before_allocating(trained, tmp_path):
 
 
 def test_lying_signature_is_refused(trained, tmp_path):
-    from dpm.training import atomic_save, load_model, CheckpointError
+    from dpm.checkpoints import atomic_save, CheckpointError
+    from dpm.experiments import load_model
     from dpm.swiss_roll import SWISS_ROLL
     ck = torch.load(trained / 'model.pt', weights_only=True)
     k = next(k for k, v in ck['model'].items() if v.ndim == 2)
