@@ -253,17 +253,13 @@ def measure(arch, batch, mode, device, steps, warmup, rounds, seed):
 
 
 def machine(device):
-    info = dict(host=platform.node(), platform=platform.platform(), cpus=os.cpu_count(),
-                torch_threads=torch.get_num_threads(), torch=torch.__version__,
-                python=platform.python_version(), device=str(device))
+    "experiments.machine() (where a number was measured) and the device the bench ran on."
+    from dpm.experiments import machine as where
+    info = dict(where(), device=str(device))
     if device.type == 'cuda':
         info.update(device_name=torch.cuda.get_device_name(device), cuda=torch.version.cuda,
                     cudnn=torch.backends.cudnn.version())
-    else:
-        try:
-            info['device_name'] = next(l.split(':', 1)[1].strip() for l in open('/proc/cpuinfo')
-                                       if l.startswith('model name'))
-        except (OSError, StopIteration): info['device_name'] = platform.processor()
+    else: info['device_name'] = info['processor']
     return info
 
 

@@ -11,6 +11,7 @@ readout; LinearReverse variances per row; bound_terms' default chunk of 2^21 num
 import argparse, copy, json, math, os, platform
 os.environ.setdefault('DPM_SMALL', '0')
 import torch
+from dpm.experiments import machine
 from dpm.baselines import LinearReverse, VAR_MIN, paired_bounds
 from dpm.image_network import ImageReverse
 from dpm.experiments import train_or_load, build
@@ -137,7 +138,7 @@ def main():
     pair("chapter 13: build the book's network to count its parameters",
          lambda: mn._build(full), lambda: build(mn.MNIST, full, weights_follow=True),
          lambda a, b: 0.0)
-    out = dict(machine=f"{platform.machine()} CPU, {os.cpu_count()} cores shared, 1 thread",
+    out = dict(machine=dict(machine(), note='cores shared, 1 thread'),
                torch=torch.__version__, load_average=os.getloadavg()[0], rows=rows)
     if args.out:
         with open(args.out, 'w') as f: json.dump(out, f, indent=1)

@@ -8,6 +8,7 @@ Each pair computes the same quantity; the script also prints their largest diffe
 import argparse, json, math, os, platform
 os.environ.setdefault('DPM_SMALL', '0')
 import torch
+from dpm.experiments import machine
 from dpm.config import small_scale
 from dpm.diffusion import LN2
 from dpm import swiss_roll as sr, heartbeat as hb
@@ -65,7 +66,7 @@ def main():
         pair('heartbeat optimal kernel, 10,000 rows x 200 calls',
              lambda: [p_star_direct(d, oracle.points, xt, t) for _ in range(200)][-1],
              lambda: [oracle(xt, t) for _ in range(200)][-1], lambda a, b: (a - b).abs().max())
-    res = dict(machine=f'{platform.machine()} CPU, {os.cpu_count()} cores shared, 1 thread',
+    res = dict(machine=dict(machine(), note='cores shared, 1 thread'),
                torch=torch.__version__, small=small_scale(), rows=rows)
     if args.out:
         with open(args.out, 'w') as f: json.dump(res, f, indent=1)

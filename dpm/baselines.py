@@ -96,7 +96,7 @@ def marginal_variances(lam, one_minus_alpha_bar):
 
 # %% ../nbs/10a_baselines.ipynb #bd98b58f
 @patch
-def _steps(self: LinearReverse, t, like):
+def _step_coefficients(self: LinearReverse, t, like):
     "beta_t, sqrt(abar_{t-1}), sqrt(abar_t), p_{t-1,k}, p_{t,k} per step of t (eq-base-marginal)."
     d = self.diffusion
     alpha_bar, one_minus = d.alphas_bar(), d.one_minus_alphas_bar()
@@ -116,7 +116,7 @@ def forward(self: LinearReverse, xt, t):
         x = xt.reshape(B, -1).to(dtype)
         U, m = self.lin_eigvecs.to(dtype), self.lin_mean.to(dtype)
         steps, row = torch.unique(t, return_inverse=True)       # each distinct t once, then rows
-        beta, root_prev, root_t, p_prev, p_t = self._steps(steps, x)
+        beta, root_prev, root_t, p_prev, p_t = self._step_coefficients(steps, x)
         # $\mathbf w = \mathbf U^\top(\mathbf x^{(t)} - \sqrt{\bar\alpha_t}\,\mathbf m)$
         w = (x - root_t[row] * m) @ U
         # $\sqrt{1-\beta_t}\,(p_{t-1,k}-1)/p_{t,k}$
