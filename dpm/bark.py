@@ -4,20 +4,18 @@
 __all__ = ['L_NULL_BITS', 'TILE_MAX', 'RECIPES', 'RESAMPLE', 'GAUSS_MODEL_MAX_D', 'BARK', 'BARK_GPU', 'inpaint_tiles',
            'bark_levels', 'heldout_groups', 'bark_scaler', 'inpaint_images', 'bark_reverse', 'resized', 'ceiling_bits',
            'Batched', 'autocovariance', 'lag_covariance', 'hole_mask', 'hole_of', 'gaussian_inpaint', 'harmonic_fill',
-           'spectrum_distance', 'histogram_distance', 'inpaint_study', 'study_key', 'fill_holes', 'resample_steps',
+           'spectrum_distance', 'histogram_distance', 'inpaint_study', 'fill_holes', 'resample_steps',
            'stationary_model', 'plot_figure5']
 
 # %% ../nbs/15_bark.ipynb #66b83a12
-import sys, json, math, time, hashlib, functools
-from pathlib import Path
+import math, time, functools
 import torch
 import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import ImageReverse, image_diffusion, network_config
-from .files import open_regular, atomic_write
-from .checkpoints import checksum
 from .training import evaluate_bound, Model
-from .experiments import Experiment, train_or_load, repo_root, machine
+from .experiments import (Experiment, train_or_load, repo_root, machine, study_key, read_study,
+                             write_study)
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 from .bound import _draw, _reverse_step, cat_kernels
@@ -291,42 +289,24 @@ def inpaint_study(d, reverse, cfg, seed: int = 0, record=None):
 _STUDY_CODE = ('bark', 'posterior', 'baselines', 'bound', 'diffusion', 'reverse', 'image_network',
                'data', 'sample_quality')            # the modules whose code the study runs
 
-def study_key(d, reverse, cfg, seed: int, x) -> str:
-    "sha256 of what the study's numbers depend on: weights, images, settings, seed, code, PyTorch."
-    import importlib, inspect
-    weights = {k: v.detach().cpu() for k, v in Model(d, reverse).state_dict().items()}
-    code = ''.join(inspect.getsource(importlib.import_module(f'dpm.{m}')) for m in _STUDY_CODE)
-    parts = dict(weights=checksum(weights), images=checksum({'x': x.cpu()}), seed=seed,
-                 config=sorted((k, str(v)) for k, v in cfg.items()), torch=torch.__version__,
-                 code=hashlib.sha256(code.encode()).hexdigest())
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
-
 # %% ../nbs/15_bark.ipynb #fe000004
 def _study_record(d, reverse, cfg, seed, record):
     "The study read from `record` if its key matches, else run (and written to `record`, if any)."
     x = inpaint_images(cfg, seed)
-    key = study_key(d, reverse, cfg, seed, x) if record is not None else None
-    if record is not None and Path(record).exists():
-        try:
-            with open_regular(record, 'study record', 1 << 26) as f:
-                r = torch.load(f, weights_only=True)
-            if r.get('key') == key:
-                fills = {k: v.float() for k, v in r['fills'].items()}
-                return r['numbers'], dict(r['info'], read=True), fills, r['x'].float(), r['known']
-        except Exception as e:                  # unreadable: run the study and write it anew
-            print(f"not reading {record}: {str(e)[:100]}", file=sys.stderr)
+    key = None if record is None else study_key(Model(d, reverse), x, cfg, seed, _STUDY_CODE)
+    if (r := read_study(record, key)) is not None:
+        fills = {k: v.float() for k, v in r['fills'].items()}
+        info = dict(r['info'], read=True, machine=r['machine'])
+        return r['numbers'], info, fills, r['x'].float(), r['known']
     value = _inpaint_study(d, reverse, cfg, seed)
-    if record is not None:
-        numbers, info, fills, x_all, known = value
-        shown = list(range(0, len(x_all), inpaint_tiles(cfg) ** 2))      # what figures show
-        keep = dict(key=key, numbers=numbers, info=dict(info, shown=shown, machine=machine()),
-                    fills={k: v[:, shown].half() for k, v in fills.items()},
-                    x=x_all[shown].half(), known=known)
-        atomic_write(record, lambda f: torch.save(keep, f))
-        shown_fills = {k: v[:, shown] for k, v in fills.items()}
-        return numbers, keep['info'], shown_fills, x_all[shown], known
-    return value
-
+    if record is None: return value
+    numbers, info, fills, x_all, known = value
+    shown = list(range(0, len(x_all), inpaint_tiles(cfg) ** 2))          # what figures show
+    fills, x_shown = {k: v[:, shown] for k, v in fills.items()}, x_all[shown]
+    info = dict(info, shown=shown)
+    write_study(record, key, dict(numbers=numbers, info=info, x=x_shown.half(), known=known,
+                                  fills={k: v.half() for k, v in fills.items()}))
+    return numbers, dict(info, machine=machine()), fills, x_shown, known
 
 # %% ../nbs/15_bark.ipynb #a216cbf7
 def _tilted(d, params, blocks: list, M: int, s: int):

@@ -2,10 +2,11 @@
 
 # %% auto #0
 __all__ = ['Experiment', 'data_records', 'describe_data', 'repo_root', 'machine', 'peak_memory_mb', 'weights_follow', 'build',
-           'experiment_data', 'run', 'save_model', 'load_model', 'model_from', 'packaged_model', 'train_or_load']
+           'experiment_data', 'run', 'save_model', 'load_model', 'model_from', 'packaged_model', 'train_or_load',
+           'study_key', 'read_study', 'write_study']
 
 # %% ../nbs/05b_experiments.ipynb #fb000002
-import os, sys, platform, resource, contextvars
+import os, sys, json, hashlib, inspect, importlib, platform, resource, contextvars
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -14,8 +15,8 @@ import torch
 from fastcore.basics import patch
 from .config import small_scale
 from .settings import DpmError, ConfigError, check_config, key_from_default, short, MAX_ELEMENTS
-from .files import out_lock, remove_leftovers, write_json, assets_dir
-from .checkpoints import FORMAT, CheckpointError, atomic_save, signature
+from .files import out_lock, remove_leftovers, write_json, assets_dir, open_regular, atomic_write
+from .checkpoints import FORMAT, CheckpointError, atomic_save, signature, checksum
 from .training import (TRAIN_KEYS, TRAIN_DEFAULTS, COMMON_KEYS, TrainConfig, Model, train,
                           world, pick_device, check_compatible, load_checkpoint)
 
@@ -275,3 +276,30 @@ def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device
     if not small_scale() and info['completed']: save_model(stored, exp, d, reverse, cfg, info)
     return d, reverse, info, cfg
 
+
+# %% ../nbs/05b_experiments.ipynb #fe500004
+def study_key(model: torch.nn.Module, data: torch.Tensor, config: dict, seed: int,
+              modules: tuple) -> str:
+    "sha256 of what a study depends on: weights, data, settings, seed, the modules' code, PyTorch."
+    weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
+    code = ''.join(inspect.getsource(importlib.import_module(f'dpm.{m}')) for m in modules)
+    parts = dict(weights=checksum(weights), images=checksum({'x': data.cpu()}), seed=seed,
+                 config=sorted((k, str(v)) for k, v in config.items()), torch=torch.__version__,
+                 code=hashlib.sha256(code.encode()).hexdigest())
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+def read_study(record, key: str) -> Optional[dict]:
+    "The study kept in `record` if it was made under `key`; None if missing, unreadable or stale."
+    if record is None or not Path(record).exists(): return None
+    try:
+        with open_regular(record, 'study record', 1 << 26) as f:
+            r = torch.load(f, weights_only=True)
+    except Exception as e:                               # damaged: run the study, write it anew
+        print(f"not reading {record}: {str(e)[:100]}", file=sys.stderr)
+        return None
+    return r if isinstance(r, dict) and r.get('key') == key else None
+
+def write_study(record, key: str, study: dict):
+    "Keep `study` (tensors and plain values) in `record` under `key`, with where it ran; atomic."
+    where = json.loads(json.dumps(machine()))          # plain strings (torch's version is a class)
+    atomic_write(record, lambda f: torch.save({**study, 'key': key, 'machine': where}, f))
