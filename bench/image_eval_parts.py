@@ -8,7 +8,7 @@ Each pair computes the same quantity; the script also prints their largest diffe
 The "before" code is copied here from the package as it was (readout summed after the 1x1
 readout; LinearReverse variances per row; bound_terms' default chunk of 2^21 numbers).
 """
-import argparse, copy, json, math, os, platform
+import argparse, copy, json, math, os
 os.environ.setdefault('DPM_SMALL', '0')
 import torch
 from dpm.experiments import machine

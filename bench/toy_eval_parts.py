@@ -5,7 +5,7 @@ back to back in one process on the committed full-scale models (one thread).
 
 Each pair computes the same quantity; the script also prints their largest difference.
 """
-import argparse, json, math, os, platform
+import argparse, json, math, os
 os.environ.setdefault('DPM_SMALL', '0')
 import torch
 from dpm.experiments import machine

@@ -292,15 +292,14 @@ _STUDY_CODE = ('bark', 'posterior', 'baselines', 'bound', 'diffusion', 'reverse'
 # %% ../nbs/15_bark.ipynb #fe000004
 def _study_record(d, reverse, cfg, seed, record):
     "The study read from `record` if its key matches, else run (and written to `record`, if any)."
+    if record is None: return _inpaint_study(d, reverse, cfg, seed)
     x = inpaint_images(cfg, seed)
-    key = None if record is None else study_key(Model(d, reverse), x, cfg, seed, _STUDY_CODE)
+    key = study_key(Model(d, reverse), x, cfg, seed, _STUDY_CODE)
     if (r := read_study(record, key)) is not None:
         fills = {k: v.float() for k, v in r['fills'].items()}
         info = dict(r['info'], read=True, machine=r['machine'])
         return r['numbers'], info, fills, r['x'].float(), r['known']
-    value = _inpaint_study(d, reverse, cfg, seed)
-    if record is None: return value
-    numbers, info, fills, x_all, known = value
+    numbers, info, fills, x_all, known = _inpaint_study(d, reverse, cfg, seed, x)
     shown = list(range(0, len(x_all), inpaint_tiles(cfg) ** 2))          # what figures show
     fills, x_shown = {k: v[:, shown] for k, v in fills.items()}, x_all[shown]
     info = dict(info, shown=shown)
@@ -378,7 +377,7 @@ def stationary_model(d, mu, c, R: int):
 @torch.no_grad()
 def _fills(d, reverse, cfg, seed, x, known):
     "The fills of the hole: noise, harmonic, Gaussian mean, samples, the recipes of both models."
-    dev, M, R, n = d.device, len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
+    dev, R, n = d.device, int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
     mu, c = autocovariance(_data(cfg, seed)[0].to(dev))                   # eq-bark-acov
     gen = torch.Generator().manual_seed(seed + 5)
     g_mean, g_samp, g_pred = gaussian_inpaint(x, known, mu, c, int(cfg['border']), n, gen)
@@ -421,10 +420,10 @@ def _fill_numbers(fills: dict, x, known) -> dict:
 
 # %% ../nbs/15_bark.ipynb #2c223861
 @torch.no_grad()
-def _inpaint_study(d, reverse, cfg, seed):
-    "The study that inpaint_study caches: numbers, info, fills, images and the mask."
+def _inpaint_study(d, reverse, cfg, seed, x=None):
+    "The study that inpaint_study caches: numbers, info, fills, images (`x`: given) and the mask."
     dev = d.device
-    x = inpaint_images(cfg, seed).to(dev)
+    x = (inpaint_images(cfg, seed) if x is None else x).to(dev)
     M, R, n = len(x), int(cfg['inpaint_size']), int(cfg['inpaint_samples'])
     known = hole_mask(R, int(cfg['hole']), dev)
     fills, g_pred, seconds = _fills(d, reverse, cfg, seed, x, known)

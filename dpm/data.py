@@ -110,7 +110,7 @@ def _read_body(f, n: int, path, h) -> bytes:
 def _read_idx(path, dtype=None, max_bytes: int = 1 << 30):
     "(array, sha256 of the uncompressed bytes) of an IDX file, gzipped or not: see read_idx."
     path = Path(path)
-    f = open_regular(path, 'IDX file', error=DataError)
+    f = open_regular(path, 'IDX file')
     size = os.fstat(f.fileno()).st_size
     with f:
         gz = f.read(2) == b'\x1f\x8b'; f.seek(0)

@@ -11,7 +11,7 @@ import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
                                linear_path)
-from .baselines import image_baselines
+from .baselines import image_baselines, evaluation_images
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
 from .training import evaluate_bound, _RESUMABLE
 from .experiments import Experiment, train_or_load, repo_root
@@ -213,7 +213,7 @@ def digit_numbers(samples) -> dict:
 def _evaluate(d, reverse, cfg, heldout):
     "K (every t) on held-out test images and the Parzen estimate of Table 2, with the data used."
     seed = cfg.get('seed', 0)
-    out = _bound_numbers(d, reverse, cfg, heldout[:cfg['n_eval']], seed)
+    out = _bound_numbers(d, reverse, cfg, evaluation_images(d, cfg, heldout)[0], seed)
     if cfg['parzen_samples']: out.update(_parzen_numbers(d, reverse, cfg, seed))
     out['data'] = {s: _record(s, cfg) for s in ('train', 'valid', 'test')}
     return out

@@ -32,15 +32,13 @@ def setting(default, key: Key):
     "A field of `TrainConfig`: its default and its allowed values, declared together."
     return field(default=default, metadata=dict(key=key))
 
-_POSITIVE = Key(float, 0, open='l')
-
 # %% ../nbs/05_training.ipynb #fb000008
 @dataclass
 class TrainConfig:
     "Optimisation settings (eq-train-objective); everything else belongs to the experiment."
     steps: int = setting(10_000, Key(int, 1))
     batch_size: int = setting(256, Key(int, 1))   # global: split over a distributed run's ranks
-    lr: float = setting(1e-3, _POSITIVE)
+    lr: float = setting(1e-3, Key(float, 0, open='l'))
     lr_final: float = setting(0.1, Key(float, 0, 1))          # cosine decay to lr * lr_final
     optimizer: str = setting('adam', Key(str, choices=('adam', 'rmsprop')))
     grad_clip: Optional[float] = setting(None, Key(float, 0, open='l', optional=True))
@@ -571,20 +569,14 @@ def _warm_start(state: _RunState, init) -> _RunState:
     return state
 
 # %% ../nbs/05_training.ipynb #fb000004
-_MOVED = {**dict.fromkeys(('Experiment', 'run', 'build', 'load_model', 'model_from', 'save_model',
-                           'train_or_load', 'packaged_model', 'repo_root', 'machine',
-                           'peak_memory_mb', 'weights_follow', 'experiment_data', 'data_records',
-                           'describe_data'),
-                          'experiments'),
-          **dict.fromkeys(('open_regular', 'remove_leftovers', 'write_json', 'OutDirError',
-                           'check_out_dir', 'out_lock'), 'files'),
-          **dict.fromkeys(('upgrade_checkpoint', 'check_checkpoint', 'checksum', 'FORMAT_VERSION'),
-                          'checkpoints'),
-          'key_from_default': 'settings'}
+_MOVED_TO = ('settings', 'files', 'checkpoints', 'experiments')   # where dpm.training's names went
 
 def __getattr__(name):
-    "A name that moved out of `dpm.training` (`_MOVED`): loaded from its module, with a warning."
-    if name not in _MOVED: raise AttributeError(f"module 'dpm.training' has no attribute {name!r}")
-    warnings.warn(f"dpm.training.{name} is now dpm.{_MOVED[name]}.{name}", DeprecationWarning,
-                  stacklevel=2)
-    return getattr(importlib.import_module(f'dpm.{_MOVED[name]}'), name)
+    "A public name of a module in `_MOVED_TO`, loaded from there with a warning naming its place."
+    for m in _MOVED_TO:
+        module = importlib.import_module(f'dpm.{m}')
+        if name in module.__all__:
+            warnings.warn(f"dpm.training.{name} is now dpm.{m}.{name}", DeprecationWarning,
+                          stacklevel=2)
+            return getattr(module, name)
+    raise AttributeError(f"module 'dpm.training' has no attribute {name!r}")
