@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['CLASSIFIER', 'N_SCORE', 'DigitClassifier', 'accuracy', 'train_classifier', 'classifier_path', 'save_classifier',
            'load_classifier', 'digit_outputs', 'DigitReference', 'digit_reference', 'score_sets', 'gaussian_digits',
-           'reference_rows']
+           'reference_rows', 'recorded_reference_rows']
 
 # %% ../nbs/12b_digit_classifier.ipynb #730feacc
 import math, sys, time, functools
@@ -14,7 +14,8 @@ import torch.nn.functional as F
 from .sample_quality import check_samples, frechet_distance, class_scores
 from .data import load_mnist
 from .checkpoints import CheckpointError, FORMAT, atomic_save, checksum, _read
-from .experiments import repo_root, packaged_model, machine
+from .experiments import (repo_root, packaged_model, machine, study_key, code_modules,
+                             recorded_study, evaluation_record)
 
 # %% ../nbs/12b_digit_classifier.ipynb #a8556062
 class DigitClassifier(nn.Module):
@@ -181,3 +182,11 @@ def reference_rows(ref: DigitReference, n: int, seed: int = 0) -> dict:
     sets = len(ref.other) // n
     return {'real test digits (floor)': score_sets(ref, ref.other[:sets * n], n),
             'full-covariance Gaussian': score_sets(ref, gaussian_digits(sets * n, seed), n)}
+
+# %% ../nbs/12b_digit_classifier.ipynb #12b0a002
+def recorded_reference_rows(n: int, seed: int = 0) -> tuple:
+    "(reference_rows of the committed classifier, where): read from its record if nothing changed."
+    key = study_key(load_classifier(), _digits('test')[0], dict(n=n), seed,
+                    code_modules('digit_classifier'))
+    return recorded_study(evaluation_record(f'digit-reference-rows-{n}'), key,
+                          lambda: reference_rows(digit_reference(seed), n, seed))

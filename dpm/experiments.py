@@ -3,10 +3,11 @@
 # %% auto #0
 __all__ = ['Experiment', 'data_records', 'describe_data', 'repo_root', 'machine', 'peak_memory_mb', 'weights_follow', 'build',
            'experiment_data', 'run', 'save_model', 'load_model', 'model_from', 'packaged_model', 'train_or_load',
-           'study_key', 'read_study', 'write_study']
+           'study_key', 'read_study', 'write_study', 'home_modules', 'code_modules', 'recorded_study',
+           'evaluate_recorded', 'evaluation_record', 'recorded_words']
 
 # %% ../nbs/05b_experiments.ipynb #fb000002
-import os, sys, json, hashlib, inspect, importlib, platform, resource, contextvars
+import os, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -283,7 +284,8 @@ def study_key(model: torch.nn.Module, data: torch.Tensor, config: dict, seed: in
     "sha256 of what a study depends on: weights, data, settings, seed, the modules' code, PyTorch."
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
     code = ''.join(inspect.getsource(importlib.import_module(f'dpm.{m}')) for m in modules)
-    parts = dict(weights=checksum(weights), images=checksum({'x': data.cpu()}), seed=seed,
+    images = None if data is None else checksum({'x': data.cpu()})
+    parts = dict(weights=checksum(weights), images=images, seed=seed,
                  config=sorted((k, str(v)) for k, v in config.items()), torch=torch.__version__,
                  code=hashlib.sha256(code.encode()).hexdigest())
     return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
@@ -303,3 +305,66 @@ def write_study(record, key: str, study: dict):
     "Keep `study` (tensors and plain values) in `record` under `key`, with where it ran; atomic."
     where = json.loads(json.dumps(machine()))          # plain strings (torch's version is a class)
     atomic_write(record, lambda f: torch.save({**study, 'key': key, 'machine': where}, f))
+
+# %% ../nbs/05b_experiments.ipynb #fe500007
+def _imports(module: str) -> set:
+    "The dpm modules that `module`'s code ('': the package's) imports, at any depth."
+    source = inspect.getsource(importlib.import_module('dpm' + (f'.{module}' if module else '')))
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.ImportFrom) and node.level == 1:
+            found |= {node.module.split('.')[0]} if node.module else {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and (node.module or '').startswith('dpm.'):
+            found.add(node.module.split('.')[1])
+        elif isinstance(node, ast.Import):
+            found |= {a.name.split('.')[1] for a in node.names if a.name.startswith('dpm.')}
+    return found
+
+def home_modules(fn: Callable) -> tuple:
+    "The dpm module of `fn`; run from its notebook, the modules whose text holds its code."
+    if fn.__module__.startswith('dpm.'): return (fn.__module__.rsplit('.', 1)[-1],)
+    code, package = inspect.getsource(fn), Path(importlib.import_module('dpm').__file__).parent
+    return tuple(p.stem for p in sorted(package.glob('*.py')) if code in p.read_text())
+
+def code_modules(*modules: str) -> tuple:
+    "`modules`, the dpm modules they import (at any remove) and those the package loads: sorted."
+    seen, todo = set(), [*modules, '']                       # '': what dpm/__init__ loads
+    while todo:
+        m = todo.pop()
+        if m not in seen: seen.add(m); todo.extend(_imports(m))
+    return tuple(sorted(seen - {''}))
+
+# %% ../nbs/05b_experiments.ipynb #fe500008
+def recorded_study(record, key: str, run: Callable) -> tuple:
+    """(study, where): the dict kept in `record` under `key`, else `run()`'s, then written to
+    `record` (if any); `where` is the machine it ran on and whether it was read."""
+    if (r := read_study(record, key)) is not None:
+        r.pop('key'); return r, dict(r.pop('machine'), read=True)
+    study = run()
+    if record is not None: write_study(record, key, study)
+    return study, dict(machine(), read=False)
+
+def evaluate_recorded(exp: Experiment, d, reverse, cfg: dict, heldout, name: str,
+                      folder=None) -> tuple:
+    """(numbers, where) of `exp.evaluate`, read from `evaluation_record(name, folder)` when its key
+    matches, else computed and written there (no record under DPM_SMALL=1: computed)."""
+    settings = {**cfg, 'evaluate': inspect.getsource(exp.evaluate)}       # its own code too
+    key = study_key(Model(d, reverse), heldout, settings, cfg.get('seed', 0),
+                    code_modules(*home_modules(exp.evaluate)))
+    return recorded_study(evaluation_record(name, folder), key,
+                          lambda: exp.evaluate(d, reverse, cfg, heldout))
+
+def evaluation_record(name: str, folder=None) -> Optional[Path]:
+    "`<folder>/<name>.pt`; `folder`: results/evaluations, or no record at all under DPM_SMALL=1."
+    folder = folder or (None if small_scale() else repo_root() / 'results' / 'evaluations')
+    return None if folder is None else Path(folder) / f'{name}.pt'
+
+# %% ../nbs/05b_experiments.ipynb #fe50000a
+def recorded_words(wheres: list) -> str:
+    "Where evaluations came from, for a sentence: read from records (made where) or computed."
+    read = [w for w in wheres if w['read']]
+    if not read: return 'computed in this build'
+    made = sorted({f"{w['processor']} with PyTorch {w['torch']}" for w in read})
+    part = ('read from their records' if len(read) == len(wheres) else f'{len(read)} of '
+            f'{len(wheres)} read from their records, the others computed in this build')
+    return f"{part} (made on {'; '.join(made)}), whose keys matched these models, data and code"
