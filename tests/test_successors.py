@@ -8,10 +8,14 @@ import torch
 
 from dpm.diffusion import GaussianDiffusion, GaussianSchedule
 from dpm.reverse import MLPReverse
-from dpm.successors import (LADDER, SuccessorReverse, compare_variants, cosine_schedule, eps_mean,
-                            interpolated_variance, ladder_models, posterior_variance,
-                            posterior_variances, simple_weights, successor_loss, train_successor,
-                            verdict)
+from dpm.image_network import reference_kernel
+from dpm.successors import (BANDS, FACTORS, LADDER, SuccessorReverse, band_ranges, clipped_mean,
+                            compare_variants, cosine_schedule, eps_mean, excluded,
+                            factorial_cells, implied_eps, interpolated_variance, k_bands,
+                            ladder_models, linear_schedule, posterior_variance,
+                            posterior_variances, predicted_x0, rescale_bits, run_cell,
+                            schedule_diffusion, simple_weights, skip_eps, successor_loss,
+                            train_budget, train_successor, verdict, with_fixes)
 
 
 def _d(T=20):
@@ -85,14 +89,15 @@ def test_bad_input_is_refused():
     d = _d()
     with pytest.raises(ValueError, match='variance'): _model(d, 'eps', 'fixed')
     with pytest.raises(ValueError, match='mean'): _model(d, 'x0')
-    with pytest.raises(ValueError, match="needs mean='eps'"): _model(d, 'paper', 'beta')
+    with pytest.raises(ValueError, match="mean='paper'"): _model(d, 'paper', 'beta')
+    with pytest.raises(ValueError, match="mean='paper'"):
+        SuccessorReverse(MLPReverse(d, 2, 16, 1), 'paper', 'learned', fix_first=True)
+    with pytest.raises(ValueError, match='lo < hi'):
+        SuccessorReverse(MLPReverse(d, 2, 16, 1), 'eps', clip_x0=(0, 0))
     with pytest.raises(ValueError, match='loss'):
         successor_loss(d, _model(d), torch.randn(4, 2), torch.full((4,), 2), torch.randn(4, 2), 'l1')
     with pytest.raises(ValueError, match='interp'):
         successor_loss(d, _model(d), torch.randn(4, 2), torch.full((4,), 2), torch.randn(4, 2), 'hybrid')
-    with pytest.raises(ValueError, match='noise prediction'):
-        successor_loss(d, _model(d, 'reference', 'learned'), torch.randn(4, 2), torch.full((4,), 2),
-                       torch.randn(4, 2), 'simple')
     with pytest.raises(ValueError, match='T must'): cosine_schedule(1)
     with pytest.raises(ValueError, match='beta'): simple_weights(d, 'learned')
     with pytest.raises(ValueError, match='se'): verdict(1.0, float('nan'))
@@ -116,3 +121,166 @@ def test_a_tiny_ladder_trains_and_pairs():
     out = compare_variants({'reference': models['reference'], 'ddpm': models['ddpm']}, x[:50])
     assert out['reference']['minus_reference_bits'] == 0.0
     assert math.isfinite(out['ddpm']['minus_reference_se']) and len(out['ddpm']['kl_t_bits']) == 7
+
+
+def test_implied_eps_inverts_the_eps_mean():
+    d = _d()
+    xt, eps, mu = (torch.randn(50, 2, dtype=torch.float64) for _ in range(3))
+    t = torch.randint(2, d.T + 1, (50,))
+    torch.testing.assert_close(implied_eps(d, xt, eps_mean(d, xt, eps, t), t), eps)
+    torch.testing.assert_close(eps_mean(d, xt, implied_eps(d, xt, mu, t), t), mu)
+
+
+def test_eps_skip_starts_at_the_reference_mean():
+    "At z_mu = 0 the mean through eq-succ-skip is x_t sqrt(1 - beta_t), the reference's at z = 0."
+    d, xt = _d(), torch.randn(50, 2, dtype=torch.float64)
+    t = torch.randint(2, d.T + 1, (50,))
+    beta = d.betas[t - 1][:, None]
+    mean = eps_mean(d, xt, skip_eps(d, xt, torch.zeros_like(xt), t), t)
+    torch.testing.assert_close(mean, xt * (1 - beta).sqrt())
+    torch.testing.assert_close(mean, reference_kernel(xt, 0 * xt, 0 * xt, beta, d.T)[0])
+    m = _model(d, 'eps_skip', 'beta_tilde')
+    x, tt = torch.randn(8, 2), torch.randint(2, d.T + 1, (8,))
+    path = d.one_minus_alphas_bar()[tt].sqrt().float()[:, None] * x
+    torch.testing.assert_close(m.eps(x, tt), path + m.trunk.raw(x, tt)[:, 0])
+
+
+def test_the_reference_mean_takes_every_variance_and_every_loss():
+    d = _d()
+    x0, t, noise = torch.randn(16, 2), torch.randint(2, d.T + 1, (16,)), torch.randn(16, 2)
+    for variance in ('learned', 'beta', 'beta_tilde', 'interp'):
+        m = _model(d, 'reference', variance)
+        xt = d.draw(d.marginal(x0, t), noise)
+        mean, var = m(xt, t)
+        z = m.trunk.raw(xt, t)
+        torch.testing.assert_close(mean, reference_kernel(xt, z[:, 0], z[:, 1],
+                                                          d.betas[t - 1].float()[:, None], d.T)[0])
+        want = ((noise - implied_eps(d, xt, mean, t)) ** 2).mean(1)
+        torch.testing.assert_close(successor_loss(d, m, x0, t, noise, 'simple'), want,
+                                   rtol=1e-3, atol=1e-3)
+        if variance in ('learned', 'interp'):
+            assert torch.isfinite(successor_loss(d, m, x0, t, noise, 'hybrid')).all()
+        else:
+            with pytest.raises(ValueError, match='interp'):
+                successor_loss(d, m, x0, t, noise, 'hybrid')
+
+
+def test_the_fixes():
+    d = _d()
+    m = _model(d, 'eps', 'beta_tilde')
+    x, t = torch.randn(64, 2), torch.randint(3, d.T + 1, (64,))
+    t[:8] = 2                                                      # the first 8 rows only
+    mean, var = m(x, t)
+    mean_f, var_f = with_fixes(m, fix_first=True)(x, t)
+    assert with_fixes(m, True).trunk is m.trunk
+    torch.testing.assert_close(mean_f, mean)
+    torch.testing.assert_close(var_f[8:], var[8:])
+    torch.testing.assert_close(var_f[:8], d.betas[1].float().expand(8, 2))
+    mean_w = with_fixes(m, clip_x0=(-1e9, 1e9))(x, t)[0]           # nothing clipped: unchanged
+    torch.testing.assert_close(mean_w, mean, rtol=1e-4, atol=1e-4)
+    x0, eps = torch.rand(64, 2, dtype=torch.float64) * 2 - 1, torch.randn(64, 2, dtype=torch.float64)
+    xt = d.draw(d.marginal(x0, t), eps)
+    torch.testing.assert_close(predicted_x0(d, xt, eps, t), x0)
+    bad = eps_mean(d, xt, eps + 5, t)
+    err = (clipped_mean(d, xt, bad, t, -1, 1) - d.posterior(x0, xt, t)[0]).abs()
+    assert (err <= 2 * d.posterior_coefficients()[0][t - 1][:, None] + 1e-12).all()
+
+
+def test_the_last_step_of_the_cosine_schedule_amplifies_31_fold():
+    d = GaussianDiffusion(cosine_schedule(1000))
+    xt, eps = torch.randn(8, 2, dtype=torch.float64), torch.randn(8, 2, dtype=torch.float64)
+    t = torch.full((8,), 1000)
+    gain = (eps_mean(d, xt, eps, t) - eps_mean(d, xt, eps + 1e-6, t)) / 1e-6
+    assert d.betas[-1].item() == pytest.approx(0.999)
+    torch.testing.assert_close(gain, torch.full_like(gain, 31.6), rtol=2e-3, atol=0)
+
+
+def test_linear_schedule():
+    for T in (40, 100, 1000):
+        b = linear_schedule(T)
+        assert b.shape == (T,) and (b[1:] > b[:-1]).all()
+        assert b[0].item() == pytest.approx(0.1 / T) and b[-1].item() == pytest.approx(20 / T)
+        assert torch.prod(1 - b).item() < math.exp(-10.05)
+    assert linear_schedule(1000, beta_1=5e-6)[0].item() == 5e-6
+    assert linear_schedule(10).max().item() == pytest.approx(0.999)          # capped
+    with pytest.raises(ValueError, match='T must'): linear_schedule(1)
+    with pytest.raises(ValueError, match='start < end'): linear_schedule(100, start=0.5)
+
+
+def test_k_bands_split_the_kl_terms_exactly():
+    kl = torch.rand(5, 99, dtype=torch.float64)
+    bands = k_bands(kl, 100)
+    assert tuple(bands) == BANDS
+    torch.testing.assert_close(sum(bands.values()), kl.sum(1))
+    assert band_ranges(100) == {'t = 2': (2, 2), 'small t': (3, 10), 'middle': (11, 99),
+                                't = T': (100, 100)}
+    torch.testing.assert_close(bands['t = T'], kl[:, -1])
+    with pytest.raises(ValueError, match='T >= 5'): band_ranges(4)
+    with pytest.raises(ValueError, match='N, T-1'): k_bands(kl, 50)
+
+
+def test_compare_variants_band_differences_against_a_hand_computation():
+    d = _d(12)
+    torch.manual_seed(0)
+    trunk = MLPReverse(d, 2, 16, 1, readout='bumps').double()
+    models = {'a': SuccessorReverse(trunk, 'reference', 'beta'),
+              'b': SuccessorReverse(trunk, 'eps_skip', 'beta_tilde')}
+    x = torch.randn(100, 2, dtype=torch.float64)
+    out = compare_variants(models, x, 'a', seed=3)['b']
+    assert sum(out['minus_reference_bands_bits'].values()) == pytest.approx(
+        out['minus_reference_bits'], abs=1e-10)                    # prior and first cancel
+    from dpm.baselines import paired_bounds
+    kl = {k: v['kl'] for k, v in paired_bounds(d, models, x, 3).items()}
+    for band, (lo, hi) in band_ranges(12).items():
+        diff = (kl['a'][:, lo - 2:hi - 1].sum(1) - kl['b'][:, lo - 2:hi - 1].sum(1)) / math.log(2) / 2
+        assert out['minus_reference_bands_bits'][band] == pytest.approx(diff.mean().item())
+        assert out['minus_reference_bands_se'][band] == pytest.approx(
+            diff.std().item() / math.sqrt(len(diff)))
+    r = rescale_bits(dict(out, T=12), 2.0)                         # bits per point of 2-D data
+    assert r['K_bits'] == 2 * out['K_bits'] and r['K_bits_se'] == 2 * out['K_bits_se']
+    assert r['bands_bits']['middle'] == 2 * out['bands_bits']['middle'] and r['T'] == 12
+    assert r['kl_t_bits'] == [2 * v for v in out['kl_t_bits']]
+
+
+def test_the_factorial_design():
+    cells = factorial_cells('swiss_roll')
+    assert len(cells) == 48 and len(set(cells)) == 48
+    assert all(not excluded(*spec) for spec in cells.values())
+    assert 'simple' in excluded('eps_skip', 'interp', 'simple', 'base')
+    assert 'L_simple' in excluded('reference', 'beta', 'hybrid', 'cosine')
+    assert excluded('reference', 'beta', 'K', 'linear') == ''
+    assert set(FACTORS['kernel']) == {'reference', 'eps_skip'}
+    with pytest.raises(ValueError, match='kernel'): excluded('eps', 'beta', 'K', 'base')
+    with pytest.raises(ValueError, match='data'): factorial_cells('cifar')
+    with pytest.raises(ValueError, match='schedule'): schedule_diffusion(_d(), 'sqrt')
+    d = _d()
+    for s in ('cosine', 'linear'):
+        d2 = schedule_diffusion(d, s)
+        assert d2.T == d.T and d2.betas[0] == d.betas[0] and not torch.equal(d2.betas, d.betas)
+
+
+def test_train_budget_stops_at_the_first_budget_and_scores_checkpoints():
+    d = _d(8)
+    m = _model(d, 'eps_skip', 'beta_tilde')
+    seen = []
+    r = train_budget(m, 'simple', torch.randn(100, 2), 7, 8, checkpoints=(2, 5),
+                     at_checkpoint=lambda avg: seen.append(1) or dict(score=len(seen)))
+    assert r['steps'] == 7 and [p['steps'] for p in r['curve']] == [2, 5]
+    assert [p['score'] for p in r['curve']] == [1, 2] and r['cpu_per_step'] > 0
+    r = train_budget(_model(d, 'eps_skip', 'beta_tilde'), 'simple', torch.randn(100, 2), 10**6, 8,
+                     seconds=0.05)
+    assert 1 <= r['steps'] < 10**6 and r['cpu_seconds'] >= 0.05
+
+
+def test_run_cell_writes_one_record_and_resumes(tmp_path):
+    with pytest.raises(ValueError, match='no cell'): run_cell('swiss_roll', 'eps-beta-K-base')
+    kw = dict(steps=6, checkpoints=(3,), out=tmp_path, n_eval=50, n_curve=20, n_samples=50)
+    r = run_cell('swiss_roll', 'reference-beta-K-linear', **kw)
+    files = list(tmp_path.glob('*.json'))
+    assert [f.name for f in files] == ['swiss_roll-reference-beta-K-linear-seed0.json']
+    assert r['steps'] == 6 and len(r['curve']) == 1
+    assert set(r['variants']) == {'as_specified', 'fix_first', 'clip_x0', 'both'}
+    assert set(r['samples']) == {'as_specified', 'clip_x0'}
+    mtime = files[0].stat().st_mtime_ns
+    assert run_cell('swiss_roll', 'reference-beta-K-linear', **kw)['cell'] == r['cell']
+    assert files[0].stat().st_mtime_ns == mtime                    # skipped, not rewritten
