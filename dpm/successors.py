@@ -522,6 +522,8 @@ def _run_facts(d: GaussianDiffusion, scale: float) -> dict:
                 machine=machine(), threads=torch.get_num_threads(),
                 unit=f"bits per {'point' if scale > 1 else 'pixel'}")
 
+
+# %% ../nbs/15a_successors.ipynb #5a1c0013
 def rounded(value, digits: int = 6):
     "Every float in nested dicts and lists to `digits` significant digits: a record's size."
     if isinstance(value, float): return float(f'{value:.{digits}g}')
