@@ -9,22 +9,26 @@
 #
 # 1. The image bench alone on the GPU (at most 60 s): dpm's training step against the plain
 #    PyTorch twin, CIFAR-10 network, batch 128, fp32 and bf16 (results/bench_images.json).
-#    1b. Each paper run's own training step alone on the GPU, 8 s each after a warm-up
-#    (bench/gpu_throughput.py, results/gpu_throughput.json), to set beside the rates the runs get
-#    all at once in step 3 (their training.json).
-# 2. The CUDA test suite (tests that take a device), on the GPU, its CPU threads limited
-#    (OMP_NUM_THREADS=4) so that it does not starve the runs of step 3 of their CPU.
-# 3. The paper-scale runs on the GPU, concurrently (bf16 autocast, channels_last). Each one CONTINUES
-#    from its committed weights, results/<name>_gpu/weights/<name>_gpu.bf16.NN.pt (WEIGHTS= another
-#    folder), unpacked by bench/weights.py and passed as `dpm train --init`: a warm restart (chapter
-#    05; the record sums steps and time over the GPU runs and lists the restarts), unless its work
-#    folder has a checkpoint (then it resumes). If the weights do not fit the configuration, or were
-#    trained on other training data, the run says so and starts afresh. Each is stopped with a
-#    checkpoint after GPU_MIN = 6 minutes of training (less if the deadline asks), then
-#    `dpm evaluate` (at most EVAL_S = 120 s).
+#    1b. With THROUGHPUT=1: each paper run's own training step alone on the GPU, 8 s each after a
+#    warm-up (bench/gpu_throughput.py, results/gpu_throughput.json), to set beside the rates the
+#    runs get all at once (their training.json). Measured once; off by default since.
+# 2. Every paper-scale run (bf16 autocast, channels_last) CONTINUES from its committed weights,
+#    results/<name>_gpu/weights/<name>_gpu.bf16.NN.pt (WEIGHTS= another folder), unpacked by
+#    bench/weights.py and passed as `dpm train --init`: a warm restart (chapter 05; the record sums
+#    steps and time over the GPU runs and lists the restarts), unless its work folder has a
+#    checkpoint (then it resumes). If the weights do not fit the configuration, or were trained on
+#    other training data, the run says so and starts afresh.
+# 3a. The runs in ALONE (default: mnist) train alone on the GPU, one after another, in two parts:
+#    CURVE_MIN minutes, then (after a checkpoint) up to GPU_MIN_ALONE minutes in all. The model of
+#    the first part is evaluated with `dpm evaluate` beside the second part: a point of the run's
+#    curve (<name>_gpu-at-<step>/record.json, installed as results/<name>_gpu/curve/step_<step>.json).
+# 3b. The CUDA test suite (OMP_NUM_THREADS=4), the final evaluation of the runs of 3a, and the other
+#    runs of PAPER together, each trained for at most GPU_MIN minutes and then evaluated (at most
+#    EVAL_S each), but only if the deadline leaves them a minute of training.
 # 4. Pack: the new weights in bf16 shards under the same names (bench/weights.py), the records and
 #    logs in one archive, all under OUT (at most 8 files come back). INSTALL=1 (the default for a
-#    full-scale GPU run) also puts them into results/, ready to commit: the shards replace the old.
+#    full-scale GPU run) also puts them into results/, ready to commit: the shards replace the old,
+#    and the record they replace is kept as a point of the curve.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DPM_SMALL=${DPM_SMALL:-0}
@@ -36,6 +40,10 @@ BENCH_S=$(python -c "print(int(35 * $S) + 5)")         # the bench's own budget;
 EVAL_S=${EVAL_S:-150}; PACK_S=${PACK_S:-30}            # evaluation at most; kept for packing
 START_S=${START_S:-40}; EVAL_KEEP=${EVAL_KEEP:-150}     # a run's start-up; kept for evaluating (4 at once: 105+ s)
 PAPER=${PAPER:-"mnist dead_leaves bark cifar10"}      # in order of value: MNIST first
+ALONE=${ALONE-mnist}                                   # of those, the ones that train alone first
+GPU_MIN_ALONE=${GPU_MIN_ALONE:-$(python -c "print(round(6.0 * $S, 3))")}  # minutes, both parts
+CURVE_MIN=${CURVE_MIN:-$(python -c "print(round(2.4 * $S, 3))")}  # the first part, minutes
+EVAL_ALONE=${EVAL_ALONE:-100}                          # kept for its final evaluation (seconds)
 full=0; [ "$DEV" != cpu ] && [ "$DPM_SMALL" = 0 ] && [ "$S" = 1 ] && full=1
 INSTALL=${INSTALL:-$full}
 t0=$SECONDS
@@ -52,6 +60,12 @@ pack() {                      # also on its own, after a run cut short: PACK_ONL
   ls -la "$OUT" "$OUT/paper"; du -sh "$OUT"
 }
 
+keep_point() {                # $1: a record.json -> $2/curve/step_<its steps>.json
+  [ -f "$1" ] || return 0
+  local k; k=$(python -c "import json; print(json.load(open('$1'))['training']['steps'])") || return
+  mkdir -p "$2/curve"; cp "$1" "$2/curve/step_$k.json"; log "curve point: $2/curve/step_$k.json"
+}
+
 install() {                   # OUT -> results/: complete runs only (model and evaluation)
   log "install into results/"
   local tmp; tmp=$(mktemp -d); tar xzf "$OUT/records.tgz" -C "$tmp" || return 1
@@ -60,10 +74,14 @@ install() {                   # OUT -> results/: complete runs only (model and e
     if [ ! -f "$d/record.json" ] || ! ls "$OUT/paper/$n".bf16.*.pt > /dev/null 2>&1; then
       log "install: $n has no new weights or no record (evaluation cut?): left out"; continue
     fi
+    keep_point "results/$n/record.json" "results/$n"
     mkdir -p "results/$n/weights"; rm -f "results/$n/weights/$n".bf16.*.pt
     cp "$OUT/paper/$n".bf16.*.pt "results/$n/weights/"
     cp "$d"/*.json "results/$n/"; cp "$d"/*.png "results/$n/" 2> /dev/null
     log "install: $n: $(python bench/weights.py summary "$d/training.json")"
+  done
+  for d in "$tmp"/paper/*_gpu-at-*; do                    # points of a curve, from 3a
+    [ -f "$d/record.json" ] && keep_point "$d/record.json" "results/$(basename "${d%-at-*}")"
   done
   rm -rf results/gpu_campaign; mkdir -p results/gpu_campaign; cp "$tmp"/logs/* results/gpu_campaign/
   [ -f "$tmp/bench_images.json" ] && cp "$tmp/bench_images.json" results/bench_images.json
@@ -87,27 +105,19 @@ timeout 60 python bench/bench_images.py --device "$DEV" --archs cifar10 --batch 
   --modes $modes --budget "$BENCH_S" --out "$W/bench_images.json" > "$W/logs/bench.log" 2>&1
 log "bench exit $?"; tail -4 "$W/logs/bench.log"
 
-log "1b. each paper run's training step alone on the device (bench/gpu_throughput.py)"
-tp_names=$(for e in $PAPER; do printf '%s_gpu ' "$e"; done)
-timeout "${THROUGHPUT_S:-75}" python bench/gpu_throughput.py $tp_names --device "$DEV" \
-  --seconds "$(python -c "print(max(1, round(8 * $S, 1)))")" --warmup 2 \
-  --out "$W/throughput.json" > "$W/logs/throughput.log" 2>&1
-log "throughput exit $?"; tail -4 "$W/logs/throughput.log"
-
-# training minutes: GPU_MIN, or what the deadline leaves after start-up, evaluation and packing
-TRAIN_MIN=$(python -c "print(round(min($GPU_MIN, ($(left) - $START_S - $EVAL_KEEP) / 60), 3))")
-log "2. CUDA tests, 3. paper-scale runs ($TRAIN_MIN min of training each), concurrently"
-tests_s=$(( $(left) < 300 ? $(left) : 300 ))
-pids=()                                                   # (a bare `wait` would wait for tee)
-if [ "${TESTS:-1}" = 1 ] && [ $tests_s -gt 30 ]; then
-  OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout "$tests_s" python -m pytest -q -p no:cacheprovider \
-    -x tests/test_contract.py tests/test_posterior.py tests/test_training_hardening.py \
-    tests/test_image_network.py > "$W/logs/pytest_cuda.log" 2>&1 & pids+=($!)
+if [ "${THROUGHPUT:-0}" = 1 ]; then
+  log "1b. each paper run's training step alone on the device (bench/gpu_throughput.py)"
+  tp_names=$(for e in $PAPER; do printf '%s_gpu ' "$e"; done)
+  timeout "${THROUGHPUT_S:-75}" python bench/gpu_throughput.py $tp_names --device "$DEV" \
+    --seconds "$(python -c "print(max(1, round(8 * $S, 1)))")" --warmup 2 \
+    --out "$W/throughput.json" > "$W/logs/throughput.log" 2>&1
+  log "throughput exit $?"; tail -4 "$W/logs/throughput.log"
 fi
+
 extra=(--set amp=bf16 --set channels_last=true); [ "$DEV" = cpu ] && extra=()
 for kv in ${SETS:-}; do extra+=(--set "$kv"); done          # e.g. SETS="steps=80" in a dry run
 
-paper_run() {                 # $1: mnist, dead_leaves, ...; output in $W/logs/paper_$1.log
+paper_train() {               # $1: mnist, dead_leaves, ...; $2: minutes of training at most
   local n=${1}_gpu dir="$W/paper/${1}_gpu" init=() shards rc
   if [ -f "$dir/checkpoint.pt" ]; then echo "resuming from $dir/checkpoint.pt"
   else
@@ -120,24 +130,74 @@ paper_run() {                 # $1: mnist, dead_leaves, ...; output in $W/logs/p
   train() {
     [ "$(left)" -lt 30 ] && { echo "no time left to train $n"; return 124; }
     timeout "$(left)" python -m dpm train "$n" --out "$dir" --device "$DEV" --no-progress \
-      "${extra[@]}" --set eval_every=0 --set n_eval=200 --set max_minutes="$TRAIN_MIN" "$@"
+      "${extra[@]}" --set eval_every=0 --set n_eval=200 --set max_minutes="$2" "${@:3}"
   }
-  train "${init[@]}" 2> "$W/paper_$1.err"; rc=$?; cat "$W/paper_$1.err"
+  train "$1" "$2" "${init[@]}" 2> "$W/paper_$1.err"; rc=$?; cat "$W/paper_$1.err"
   if [ $rc != 0 ] && [ ${#init[@]} -gt 0 ] && [ ! -f "$dir/checkpoint.pt" ] && grep -q \
       -e 'another configuration' -e 'different model' -e 'other types' -e 'other training data' \
       "$W/paper_$1.err"; then
     echo "the committed weights do not fit this configuration or data of $n: a fresh start"
-    train; rc=$?
+    train "$1" "$2"; rc=$?
   fi
   rm -f "$dir/record.json"                                # a record of this run's weights or none
-  local ev=$(( $(left) < EVAL_S ? $(left) : EVAL_S ))
-  [ $rc = 0 ] && [ $ev -gt 10 ] && timeout "$ev" python -m dpm evaluate "$n" --out "$dir" \
-    --device "$DEV"
-  echo "train exit $rc; evaluate: $([ -f "$dir/record.json" ] && echo written || echo none)"
+  echo "train exit $rc"; return $rc
 }
-for e in $PAPER; do paper_run "$e" > "$W/logs/paper_$e.log" 2>&1 & pids+=($!); done
+
+paper_eval() {                # $1: mnist, ...; $2: the folder of its model.pt (record.json goes there)
+  local ev=$(( $(left) < EVAL_S ? $(left) : EVAL_S ))
+  [ $ev -gt 10 ] && timeout "$ev" python -m dpm evaluate "${1}_gpu" --out "$2" --device "$DEV"
+  echo "evaluate $2: $([ -f "$2/record.json" ] && echo written || echo none)"
+}
+
+paper_run() {                 # train for TRAIN_MIN, then evaluate; output in $W/logs/paper_$1.log
+  paper_train "$1" "$TRAIN_MIN" && paper_eval "$1" "$W/paper/${1}_gpu"
+}
+
+alone_run() {                 # trained alone on the device, in two parts; the first part's model is
+  local dir="$W/paper/${1}_gpu" part2 k pid=   # evaluated (a point of the curve) beside the second
+  paper_train "$1" "$CURVE_MIN" || return
+  read -r k done < <(python -c "import json; r = json.load(open('$dir/training.json'))
+print(r['steps'], int(r['completed']))")
+  if [ "$done" = 0 ]; then
+    mkdir -p "$dir-at-$k"; cp "$dir/model.pt" "$dir/training.json" "$dir-at-$k/"
+    paper_eval "$1" "$dir-at-$k" > "$W/logs/curve_$1.log" 2>&1 & pid=$!
+    part2=$(python -c "print(round(max(0, min($GPU_MIN_ALONE - $CURVE_MIN, \
+      ($(left) - $START_S - $EVAL_ALONE) / 60)), 3))")
+    echo "second part: at most $part2 min"
+    paper_train "$1" "$part2"
+  fi
+  [ -n "$pid" ] && wait "$pid"                            # (a bare `wait` would wait for tee)
+}
+
+# 3a. The runs in ALONE (default: mnist), one after another, alone on the device. The dense MNIST
+#     network is launch-bound: 108.8 steps/s alone, 66.3 beside the three convolutional runs
+#     (results/gpu_throughput.json; the earlier campaign run's training.json), so alone it reaches
+#     its 50,000 steps within one GPU run, and a curve point comes with it.
+log "3a. alone on the device: ${ALONE:-none} (at most $GPU_MIN_ALONE min each, first part $CURVE_MIN)"
+for e in $ALONE; do alone_run "$e" > "$W/logs/paper_$e.log" 2>&1; done
+# 3b. The CUDA tests, the final evaluations of 3a and the other runs, concurrently; the others only
+#     if the deadline leaves them a minute of training beside their start-up and evaluation.
+REST=$(for e in $PAPER; do [[ " $ALONE " == *" $e "* ]] || printf '%s ' "$e"; done)
+TRAIN_MIN=$(python -c "print(round(min($GPU_MIN, ($(left) - $START_S - $EVAL_KEEP) / 60), 3))")
+if python -c "import sys; sys.exit($TRAIN_MIN < 1 * $S)"; then RUN_REST=1; else RUN_REST=0; fi
+log "3b. CUDA tests, evaluations of ${ALONE:-none}; paper-scale runs: $([ $RUN_REST = 1 ] && \
+  echo "${REST:-none} ($TRAIN_MIN min of training each)" || echo "none (no time left)")"
+tests_s=$(( $(left) < 300 ? $(left) : 300 ))
+pids=()                                                   # (a bare `wait` would wait for tee)
+if [ "${TESTS:-1}" = 1 ] && [ $tests_s -gt 30 ]; then
+  OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout "$tests_s" python -m pytest -q -p no:cacheprovider \
+    tests/test_contract.py tests/test_posterior.py tests/test_training_hardening.py \
+    tests/test_image_network.py > "$W/logs/pytest_cuda.log" 2>&1 & pids+=($!)
+fi
+for e in $ALONE; do
+  [ -f "$W/paper/${e}_gpu/model.pt" ] && { paper_eval "$e" "$W/paper/${e}_gpu" \
+    >> "$W/logs/paper_$e.log" 2>&1 & pids+=($!); }
+done
+if [ $RUN_REST = 1 ]; then
+  for e in $REST; do paper_run "$e" > "$W/logs/paper_$e.log" 2>&1 & pids+=($!); done
+fi
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
-for f in "$W"/logs/paper_*.log "$W"/logs/pytest_cuda.log; do
+for f in "$W"/logs/paper_*.log "$W"/logs/curve_*.log "$W"/logs/pytest_cuda.log; do
   [ -f "$f" ] && { log "== $(basename "$f")"; tail -4 "$f"; }
 done
 

@@ -266,7 +266,7 @@ _SMALL = dict(data_source='npm',
               hidden_1x1=8, layers_1x1=1, steps=40, batch_size=32, ema=0.9, eval_every=0,
               eval_size=20, eval_batch=20, parzen_samples=200, parzen_test=200)
 _GPU = dict({**_CONFIG, **network_config('mnist'), 'dense_layers': 4, 'dense_channels': 8},
-            n_eval=1000, steps=50_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000,
+            n_eval=1000, steps=150_000, batch_size=256, lr=1e-3, ema=0.999, eval_every=5000,
             eval_size=200, checkpoint_every=2000, eval_batch=500, parzen_samples=10_000,
             sample_batch=5000)
 _PAPER = dict(parzen_bits=317.0, parzen_bits_se=2.7, perfect_bits=349.0, perfect_bits_se=3.3,

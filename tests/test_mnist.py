@@ -200,3 +200,20 @@ def test_gpu_record_has_what_the_chapter_reads():
     assert {'steps', 'train_seconds', 'stopped_early'} <= set(rec['training'])
     assert math.isclose(num['K_minus_gaussian_bits'], num['K_bits'] - num['gaussian_bits'],
                         abs_tol=1e-9)
+
+
+def test_gpu_curve_points_are_earlier_records_of_the_run():
+    "results/mnist_gpu/curve: earlier records of the committed run, same data, fewer steps."
+    import json
+    from dpm.mnist import read_record
+    from dpm.experiments import repo_root
+    rec = read_record('mnist_gpu')
+    points = sorted((repo_root() / 'results' / 'mnist_gpu' / 'curve').glob('step_*.json'))
+    if rec is None or not points: pytest.skip('no paper-scale curve committed')
+    for p in points:
+        r = json.loads(p.read_text())
+        assert p.name == f"step_{r['training']['steps']}.json"
+        assert r['training']['steps'] < rec['training']['steps']
+        assert r['numbers']['data'] == rec['numbers']['data']
+        assert all(math.isfinite(r['numbers'][k]) for k in (
+            'K_minus_gaussian_bits', 'parzen_bits', 'digit_frechet', 'digit_confident'))
