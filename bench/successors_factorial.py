@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""The successors' factorial design (chapter 15a, `dpm.successors.factorial_cells`), one thread.
+"""The successors' factorial design (chapter 15b, `dpm.factorial.factorial_cells`), one thread.
 
 For one data set, every cell of the design (kernel x variance x loss x schedule, the combinations
 that are not models left out) and every seed: train for a budget of steps or CPU minutes,
@@ -19,7 +19,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from dpm.successors import DATA_SETS, CHECKPOINTS, factorial_cells, run_cell
+from dpm.successors import DATA_SETS
+from dpm.factorial import CHECKPOINTS, factorial_cells, run_cell
 
 
 def main(argv=None):

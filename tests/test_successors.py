@@ -9,13 +9,13 @@ import torch
 from dpm.diffusion import GaussianDiffusion, GaussianSchedule
 from dpm.reverse import MLPReverse
 from dpm.image_network import reference_kernel
-from dpm.successors import (BANDS, FACTORS, LADDER, SuccessorReverse, band_ranges, clipped_mean,
-                            compare_variants, cosine_schedule, eps_mean, excluded,
-                            factorial_cells, implied_eps, interpolated_variance, k_bands,
-                            ladder_models, linear_schedule, posterior_variance,
-                            posterior_variances, predicted_x0, rescale_bits, run_cell,
-                            schedule_diffusion, simple_weights, skip_eps, successor_loss,
-                            train_budget, train_successor, verdict, with_fixes)
+from dpm.successors import (BANDS, LADDER, SuccessorReverse, band_ranges, clipped_mean,
+                            compare_variants, cosine_schedule, eps_mean, implied_eps,
+                            interpolated_variance, k_bands, ladder_models, linear_schedule,
+                            posterior_variance, posterior_variances, predicted_x0, rescale_bits,
+                            simple_weights, skip_eps, successor_loss, train_budget,
+                            train_successor, verdict, with_fixes)
+from dpm.factorial import FACTORS, excluded, factorial_cells, run_cell, schedule_diffusion
 
 
 def _d(T=20):
