@@ -14,8 +14,7 @@ import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import ImageReverse, image_diffusion, network_config
 from .training import evaluate_bound, Model
-from .experiments import (Experiment, train_or_load, repo_root, machine, study_key, read_study,
-                             write_study)
+from .experiments import Experiment, train_or_load, repo_root, study_key, recorded_study
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 from .bound import _draw, _reverse_step, cat_kernels
@@ -291,21 +290,20 @@ _STUDY_CODE = ('bark', 'posterior', 'baselines', 'bound', 'diffusion', 'reverse'
 
 # %% ../nbs/15_bark.ipynb #fe000004
 def _study_record(d, reverse, cfg, seed, record):
-    "The study read from `record` if its key matches, else run (and written to `record`, if any)."
+    "The study read from `record` if its key matches (`recorded_study`), else run and written there."
     if record is None: return _inpaint_study(d, reverse, cfg, seed)
-    x = inpaint_images(cfg, seed)
-    key = study_key(Model(d, reverse), x, cfg, seed, _STUDY_CODE)
-    if (r := read_study(record, key)) is not None:
-        fills = {k: v.float() for k, v in r['fills'].items()}
-        info = dict(r['info'], read=True, machine=r['machine'])
-        return r['numbers'], info, fills, r['x'].float(), r['known']
-    numbers, info, fills, x_all, known = _inpaint_study(d, reverse, cfg, seed, x)
-    shown = list(range(0, len(x_all), inpaint_tiles(cfg) ** 2))          # what figures show
-    fills, x_shown = {k: v[:, shown] for k, v in fills.items()}, x_all[shown]
-    info = dict(info, shown=shown)
-    write_study(record, key, dict(numbers=numbers, info=info, x=x_shown.half(), known=known,
-                                  fills={k: v.half() for k, v in fills.items()}))
-    return numbers, dict(info, machine=machine()), fills, x_shown, known
+    x, ran = inpaint_images(cfg, seed), {}
+    def run():
+        numbers, info, fills, x_all, known = _inpaint_study(d, reverse, cfg, seed, x)
+        shown = list(range(0, len(x_all), inpaint_tiles(cfg) ** 2))      # what figures show
+        ran.update(fills={k: v[:, shown] for k, v in fills.items()}, x=x_all[shown])
+        return dict(numbers=numbers, info=dict(info, shown=shown), x=ran['x'].half(), known=known,
+                    fills={k: v.half() for k, v in ran['fills'].items()})
+    r, where = recorded_study(record, study_key(Model(d, reverse), x, cfg, seed, _STUDY_CODE), run)
+    info = dict(r['info'], machine={k: v for k, v in where.items() if k != 'read'})
+    if ran: return r['numbers'], info, ran['fills'], ran['x'], r['known']   # full precision
+    fills = {k: v.float() for k, v in r['fills'].items()}
+    return r['numbers'], dict(info, read=True), fills, r['x'].float(), r['known']
 
 # %% ../nbs/15_bark.ipynb #a216cbf7
 def _tilted(d, params, blocks: list, M: int, s: int):

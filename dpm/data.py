@@ -7,8 +7,8 @@ __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNI
            'PHOTO_SOURCE', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE',
            'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord',
            'ImageData', 'data_checksum', 'data_root', 'read_idx', 'load_mnist', 'read_cifar_batch', 'resize_photo',
-           'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'dequantize',
-           'Scaler', 'nll_bits_per_dim_8bit']
+           'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'Scaler',
+           'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, gzip, hashlib, math, os, pickle, struct, zlib
@@ -763,14 +763,7 @@ def download(dataset: str, root, url: Optional[str] = None, timeout: float = 60)
     raise ValueError(f"dpm: download knows 'mnist' and 'cifar10', got {dataset!r}")
 
 # %% ../nbs/12_image_data.ipynb #e07a6e3c
-def dequantize(k: torch.Tensor, generator: Optional[torch.Generator] = None) -> torch.Tensor:
-    "y = (k + u) / 256, u ~ U[0, 1) per value (eq-data-dequant); float32 on k's device."
-    if k.dtype != torch.uint8:
-        raise ValueError(f"dpm: dequantize expects uint8 pixels, got {k.dtype}")
-    dev = generator.device if generator is not None else k.device
-    u = torch.rand(k.shape, generator=generator, device=dev).to(k.device)
-    # $y = (k + u) / 256$
-    return (k.float() + u) / 256
+from .dead_leaves import dequantize                  # eq-data-dequant: eq-dl-dequant, 256 levels
 
 # %% ../nbs/12_image_data.ipynb #081e7f13
 @dataclass(frozen=True)

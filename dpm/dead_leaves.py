@@ -147,9 +147,13 @@ def dead_leaves_levels(n: int,                  # number of images
     return out.reshape(n, S, S)
 
 # %% ../nbs/11_dead_leaves.ipynb #a8b84f0e
-def dequantize(k: torch.Tensor, levels: int = LEVELS, generator=None) -> torch.Tensor:
-    "x = (k + u) / levels with u ~ U[0, 1) per pixel (eq-dl-dequant), float32."
-    u = torch.rand(k.shape, generator=generator, device=k.device)
+def dequantize(k: torch.Tensor, generator=None, levels: int = LEVELS) -> torch.Tensor:
+    "x = (k + u) / levels, u ~ U[0, 1) per value (eq-dl-dequant): float32 on k's device."
+    if k.dtype.is_floating_point or k.dtype.is_complex or k.dtype == torch.bool:
+        raise ValueError(f"dpm: dequantize expects integer levels (uint8 pixels, int16 grey "
+                         f"levels), got {k.dtype}")
+    dev = generator.device if generator is not None else k.device
+    u = torch.rand(k.shape, generator=generator, device=dev).to(k.device)
     # $x = (k + u) / 256$
     return (k.float() + u) / levels
 
@@ -195,7 +199,7 @@ def _images(n: int, size: int, r_min: float, r_max: float, levels: int, seed: in
     dev = pick_device(device)
     gen = torch.Generator(device=dev).manual_seed(seed)
     k = dead_leaves_levels(n, size, r_min, r_max, levels, generator=gen, device=dev)
-    return dequantize(k, levels, gen)[:, None]                 # (n, 1, S, S) in [0, 1)
+    return dequantize(k, gen, levels)[:, None]                 # (n, 1, S, S) in [0, 1)
 
 def leaves_images(cfg: dict, seed: int = 0):
     "Raw (train, heldout) images of a configuration, (n, 1, S, S) in [0, 1], each its own seed."
