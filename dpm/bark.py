@@ -12,7 +12,7 @@ import math, time, functools
 import torch
 import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, image_diffusion, network_config
+from .image_network import ImageReverse, image_diffusion, network_config, network_kwargs
 from .training import evaluate_bound, Model
 from .experiments import Experiment, train_or_load, repo_root, study_key, recorded_study
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
@@ -100,12 +100,9 @@ from .baselines import (gaussian_log_likelihood, image_baselines,   # eq-bark-ga
                            evaluation_images, check_below_ceiling)
 
 # %% ../nbs/15_bark.ipynb #354930f5
-_NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'hidden_1x1', 'layers_1x1',
-             'n_bumps', 'variant')
-
 def bark_reverse(d, cfg, size: int):
     "The convolutional reverse model (eq-net-msconv) for size x size images, any size."
-    return ImageReverse(d, (1, size, size), pathway='conv', **{k: cfg[k] for k in _NET_KEYS})
+    return ImageReverse(d, (1, size, size), pathway='conv', **network_kwargs(cfg, 'conv'))
 
 def _build(cfg):
     "Diffusion (eq-rev-gauss) with the scaler (eq-data-scale) as buffers, and the conv pathway."

@@ -12,7 +12,7 @@ from dataclasses import replace
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
-                               linear_path)
+                               network_kwargs, linear_path, PATHWAY_KEYS, HEAD_KEYS)
 from .training import evaluate_bound
 from .experiments import Experiment, train_or_load
 from .sample_quality import texture_numbers
@@ -156,8 +156,7 @@ _GPU = dict({k: v for k, v in _CONFIG.items() if k not in _BOOK_ONLY}, size=32, 
 _PAPER = dict(K_bits=PAPER_K_BITS_PER_PIXEL, K_minus_L_null_bits=PAPER_K_MINUS_L_NULL)
 
 # %% ../nbs/14_cifar10.ipynb #ec47b0b2
-NET_KEYS = ('n_scales', 'conv_channels', 'conv_layers', 'kernel_size', 'dense_hidden',
-            'dense_layers', 'dense_channels', 'hidden_1x1', 'layers_1x1', 'n_bumps', 'variant')
+NET_KEYS = (*PATHWAY_KEYS['conv'], *PATHWAY_KEYS['dense'], *HEAD_KEYS)   # network_kwargs' 'both'
 
 def _build(cfg):
     "Diffusion, scaler as buffers (eq-data-scale), both pathways, linear path (eq-net-residual)."
@@ -168,7 +167,7 @@ def _build(cfg):
     d.register_buffer('data_scale', torch.tensor(scaler.scale, dtype=torch.float64))
     linear = linear_path(cfg, d, (CHANNELS, S, S), lambda: _data(cfg, cfg.get('seed', 0))[0])
     reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both', linear=linear,
-                           **{k: cfg[k] for k in NET_KEYS})          # eq-net-msconv, eq-net-dense
+                           **network_kwargs(cfg, 'both'))            # eq-net-msconv, eq-net-dense
     return d, reverse
 
 # %% ../nbs/14_cifar10.ipynb #75fe4386

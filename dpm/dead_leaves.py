@@ -9,8 +9,8 @@ __all__ = ['R_MIN', 'R_MAX', 'LEVELS', 'L_NULL_BITS', 'DATA_SHIFT', 'DATA_SCALE'
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import (ImageReverse, image_diffusion, network_config, linear_path,
-                               check_divisible)
+from .image_network import (ImageReverse, image_diffusion, network_config, network_kwargs,
+                               linear_path, check_divisible)
 from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood,
                            image_baselines, evaluation_images, check_below_ceiling)
 from .training import evaluate_bound, pick_device
@@ -223,11 +223,8 @@ def _build(cfg):
     d.register_buffer('data_shift', torch.tensor(DATA_SHIFT))   # eq-dl-scale, stored with the model
     d.register_buffer('data_scale', torch.tensor(DATA_SCALE))
     linear = linear_path(cfg, d, (1, S, S), lambda: _data(cfg, cfg.get('seed', 0))[0])
-    reverse = ImageReverse(d, (1, S, S), pathway='conv', n_scales=cfg['n_scales'],
-                           conv_channels=cfg['conv_channels'], conv_layers=cfg['conv_layers'],
-                           kernel_size=cfg['kernel_size'], hidden_1x1=cfg['hidden_1x1'],
-                           layers_1x1=cfg['layers_1x1'], n_bumps=cfg['n_bumps'],
-                           variant=cfg['variant'], linear=linear)
+    reverse = ImageReverse(d, (1, S, S), pathway='conv', linear=linear,
+                           **network_kwargs(cfg, 'conv'))             # eq-net-msconv
     return d, reverse
 
 # %% ../nbs/11_dead_leaves.ipynb #f1574e26

@@ -10,7 +10,7 @@ import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
-                               linear_path)
+                               network_kwargs, linear_path)
 from .baselines import image_baselines, evaluation_images
 from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
 from .training import evaluate_bound, _RESUMABLE
@@ -129,11 +129,7 @@ def _build(cfg):
     sc = mnist_scaler(cfg['data_root'])
     d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
     d.register_buffer('data_scale', torch.tensor(sc.scale, dtype=torch.float64))  # with the model
-    reverse = ImageReverse(d, SHAPE, pathway='dense', dense_hidden=cfg['dense_hidden'],
-                           dense_layers=cfg['dense_layers'], dense_channels=cfg['dense_channels'],
-                           hidden_1x1=cfg['hidden_1x1'], layers_1x1=cfg['layers_1x1'],
-                           n_bumps=cfg['n_bumps'], variant=cfg['variant'],
-                           pixel_input=cfg['pixel_input'],                 # eq-net-pixel
+    reverse = ImageReverse(d, SHAPE, pathway='dense', **network_kwargs(cfg, 'dense'),  # eq-net-pixel
                            linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, seed)[0]))
     return d, reverse
 

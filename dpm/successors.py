@@ -234,18 +234,15 @@ def ladder_diffusion(data: str):
         d = GaussianDiffusion(geometric_schedule(cfg['T'], default_beta_1(cfg['noise']), False))
         return exp, cfg, d, lambda d_: MLPReverse(d_, 2, cfg['width'], cfg['depth'],
                                                   readout=cfg['readout'], n_bumps=cfg['n_bumps'])
-    from dpm.image_network import ImageReverse, image_diffusion
+    from dpm.image_network import ImageReverse, image_diffusion, network_kwargs
     if data == 'dead_leaves': from dpm.dead_leaves import DEAD_LEAVES as exp
     else: from dpm.mnist import MNIST as exp
     cfg = exp.resolve()
-    keys = (('n_scales', 'conv_channels', 'conv_layers', 'kernel_size') if data == 'dead_leaves'
-            else ('dense_hidden', 'dense_layers', 'dense_channels'))
-    net = {k: cfg[k] for k in keys + ('hidden_1x1', 'layers_1x1', 'n_bumps')}
     shape = (1, cfg['size'], cfg['size']) if data == 'dead_leaves' else (1, 28, 28)
     pathway = 'conv' if data == 'dead_leaves' else 'dense'
-    # the book's trunk without its linear path: every variant reads the same raw outputs
-    return exp, cfg, image_diffusion(cfg), lambda d_: ImageReverse(
-        d_, shape, pathway=pathway, variant='reference', **net)
+    # the book's trunk without its linear path or pixel input: every variant reads the same outputs
+    net = network_kwargs(cfg, pathway, variant='reference', pixel_input=False)
+    return exp, cfg, image_diffusion(cfg), lambda d_: ImageReverse(d_, shape, pathway=pathway, **net)
 
 # %% ../nbs/15a_successors.ipynb #1ecf5d0c
 LADDER = {                # name: (mean, variance, loss, schedule); each row changes one thing
