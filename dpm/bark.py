@@ -287,7 +287,7 @@ _STUDY_CODE = ('bark', 'posterior', 'baselines', 'bound', 'diffusion', 'reverse'
 
 # %% ../nbs/15_bark.ipynb #fe000004
 def _study_record(d, reverse, cfg, seed, record):
-    "The study read from `record` if its key matches (`recorded_study`), else run and written there."
+    "The study read from `record` if its key matches (`recorded_study`), else run and written."
     if record is None: return _inpaint_study(d, reverse, cfg, seed)
     x, ran = inpaint_images(cfg, seed), {}
     def run():

@@ -129,7 +129,8 @@ def _build(cfg):
     sc = mnist_scaler(cfg['data_root'])
     d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
     d.register_buffer('data_scale', torch.tensor(sc.scale, dtype=torch.float64))  # with the model
-    reverse = ImageReverse(d, SHAPE, pathway='dense', **network_kwargs(cfg, 'dense'),  # eq-net-pixel
+    net = network_kwargs(cfg, 'dense')                              # with eq-net-pixel's switch
+    reverse = ImageReverse(d, SHAPE, pathway='dense', **net,
                            linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, seed)[0]))
     return d, reverse
 

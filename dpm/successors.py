@@ -242,7 +242,8 @@ def ladder_diffusion(data: str):
     pathway = 'conv' if data == 'dead_leaves' else 'dense'
     # the book's trunk without its linear path or pixel input: every variant reads the same outputs
     net = network_kwargs(cfg, pathway, variant='reference', pixel_input=False)
-    return exp, cfg, image_diffusion(cfg), lambda d_: ImageReverse(d_, shape, pathway=pathway, **net)
+    return exp, cfg, image_diffusion(cfg), lambda d_: ImageReverse(d_, shape, pathway=pathway,
+                                                                   **net)
 
 # %% ../nbs/15a_successors.ipynb #1ecf5d0c
 LADDER = {                # name: (mean, variance, loss, schedule); each row changes one thing
