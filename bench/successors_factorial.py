@@ -2,7 +2,7 @@
 """The successors' factorial design (chapter 15b, `dpm.factorial.factorial_cells`), one thread.
 
 For one data set, every cell of the design (kernel x variance x loss x schedule, the combinations
-that are not models left out) and every seed: train for a budget of steps or CPU minutes,
+that are not models left out; on MNIST also the cell of DDPM's U-Net trunk) and every seed: train for a budget of steps or CPU minutes,
 whichever ends first, scoring the averaged weights at 1k, 2k, 4k, 8k and 16k steps; then K on
 held-out data with every t, as specified and with each one-step fix, split into bands of t and
 paired; samples scored by the data set's measure. One JSON record per (data set, cell, seed),
@@ -12,6 +12,7 @@ written atomically; a cell whose record exists is skipped, so the study resumes 
         --seeds 0 1 2 --minutes 5
     ... --cells 'eps_skip-*-simple-*'        # shell-style patterns over the cell names
     ... --list                               # the cells, and nothing run
+    ... --data mnist --cells 'unet-*' --minutes 2.2    # the U-Net at the book trunk's CPU time
 """
 import argparse, fnmatch, sys, time
 from pathlib import Path
@@ -20,7 +21,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpm.successors import DATA_SETS
-from dpm.factorial import CHECKPOINTS, factorial_cells, run_cell
+from dpm.factorial import CHECKPOINTS, study_cells, run_cell
 
 
 def main(argv=None):
@@ -35,7 +36,7 @@ def main(argv=None):
     a = p.parse_args(argv)
     if a.minutes <= 0 or a.steps < 1: p.error('--minutes must be > 0 and --steps >= 1')
     torch.set_num_threads(1)
-    cells = [c for c in factorial_cells(a.data) if any(fnmatch.fnmatch(c, pat) for pat in a.cells)]
+    cells = [c for c in study_cells(a.data) if any(fnmatch.fnmatch(c, pat) for pat in a.cells)]
     if not cells: p.error(f"no cell matches {a.cells}; try --list")
     if a.list: print('\n'.join(cells)); return
     out = Path(a.out)
