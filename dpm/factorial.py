@@ -45,6 +45,7 @@ def factorial_cells(data: str) -> dict:
     return {'-'.join(spec): spec for spec in itertools.product(*FACTORS.values())
             if not excluded(*spec)}
 
+# %% ../nbs/15b_factorial.ipynb #f15b0108
 UNET_CELLS = {'unet-eps-beta_tilde-simple-base': ('eps', 'beta_tilde', 'simple', 'base')}
 
 def study_cells(data: str) -> dict:
@@ -182,10 +183,11 @@ def sample_measures(data: str, cfg: dict, model: SuccessorReverse, train, heldou
     return digit_reference().score(u)                             # pixel values in [0, 1]
 
 # %% ../nbs/15b_factorial.ipynb #a6ce9867
-def factorial_setup(data: str, seed: int = 0):
-    "(cfg, diffusion, trunk builder, train, all held-out data) of a data set, data from `seed`."
+def factorial_setup(data: str, seed: int = 0, unet: bool = False):
+    "(cfg, diffusion, trunk builder, train, all held-out data) of a data set; the U-Net if `unet`."
     exp, cfg, d, make = ladder_diffusion(data)
     train, heldout = experiment_data(exp, cfg, seed)
+    if unet: make = lambda d_: UNetTrunk(d_, tuple(train.shape[1:]))
     return cfg, d, make, train.float(), heldout.float()
 
 def _run_facts(d: GaussianDiffusion, scale: float) -> dict:
@@ -234,16 +236,15 @@ def unpack_values(text: str) -> torch.Tensor:
 # %% ../nbs/15b_factorial.ipynb #ba3c62a2
 def run_cell(data: str, cell: str, seed: int = 0, steps: int = CHECKPOINTS[-1],
              seconds: float = math.inf, out=None, checkpoints=CHECKPOINTS, **sizes) -> dict:
-    "Train one cell of factorial_cells for a budget and score it; the record (written to out)."
+    "Train one cell of study_cells for a budget and score it; the record (written to out)."
     cells = study_cells(data)
     if cell not in cells:
         raise ValueError(f"no cell {cell!r} in the design; e.g. {next(iter(cells))!r}")
     path = None if out is None else Path(out) / f'{data}-{cell}-seed{seed}.json'
     if path is not None and path.exists(): return json.loads(path.read_text())
     kernel, variance, loss, schedule = cells[cell]
-    cfg, d_base, make, train, heldout = factorial_setup(data, seed)
+    cfg, d_base, make, train, heldout = factorial_setup(data, seed, cell in UNET_CELLS)
     ev, d = {**FACTORIAL_EVAL[data], **sizes}, schedule_diffusion(d_base, schedule)
-    if cell in UNET_CELLS: make = lambda d_: UNetTrunk(d_, tuple(train.shape[1:]))
     torch.manual_seed(seed)                             # the same initial trunk for every cell
     model = SuccessorReverse(make(d), kernel, variance)
     lo, hi = train.min().item(), train.max().item()   # the data's range (eq-succ-clip)
