@@ -34,7 +34,8 @@ def profile_one(arch, impl, batch, mode, device, steps, warmup):
     events = prof.key_averages()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
     busy = sum(e.device_time for e in kernels) / 1e3 / steps       # microseconds -> ms
-    table = events.table(sort_by='self_device_time_total' if cuda else 'self_cpu_time_total', row_limit=18, max_name_column_width=60)
+    table = events.table(sort_by=f"self_{'device' if cuda else 'cpu'}_time_total", row_limit=18,
+                         max_name_column_width=60)
     return dict(wall_ms=wall * 1e3, busy_ms=busy, kernels=len(kernels) / steps), table
 
 

@@ -1,10 +1,10 @@
 #!/usr/bin/env python
-"""The successors' factorial design (chapter 15b, `dpm.factorial.factorial_cells`), one thread.
+"""The successors' factorial design (chapter 15b, `dpm.factorial.study_cells`), one thread.
 
 For one data set, every cell of the design (kernel x variance x loss x schedule, the combinations
-that are not models left out; on MNIST also the cell of DDPM's U-Net trunk) and every seed: train for a budget of steps or CPU minutes,
-whichever ends first, scoring the averaged weights at 1k, 2k, 4k, 8k and 16k steps; then K on
-held-out data with every t, as specified and with each one-step fix, split into bands of t and
+that are not models left out; on MNIST also the cell of DDPM's U-Net trunk) and every seed:
+train for a budget of steps or CPU minutes, whichever ends first, scoring the averaged weights
+at 1k, 2k, 4k, 8k and 16k steps; then K on held-out data with every t, as specified and with each one-step fix, split into bands of t and
 paired; samples scored by the data set's measure. One JSON record per (data set, cell, seed),
 written atomically; a cell whose record exists is skipped, so the study resumes where it stopped.
 
@@ -12,7 +12,8 @@ written atomically; a cell whose record exists is skipped, so the study resumes 
         --seeds 0 1 2 --minutes 5
     ... --cells 'eps_skip-*-simple-*'        # shell-style patterns over the cell names
     ... --list                               # the cells, and nothing run
-    ... --data mnist --cells 'unet-*' --minutes 2.2    # the U-Net at the book trunk's CPU time
+    ... --data mnist --cells 'unet-*' --minutes M   # the U-Net at the book trunk's CPU time: M
+        # the mean cpu_seconds / 60 of the eps_skip-beta_tilde-simple-base records (2.065 here)
 """
 import argparse, fnmatch, sys, time
 from pathlib import Path
