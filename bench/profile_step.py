@@ -1,6 +1,7 @@
 """Where dpm's training step spends the time that the plain PyTorch twin does not (bench_images.py).
 
-    PYTHONPATH=. python bench/profile_step.py --arch cifar10 --batch 128 --modes fp32,bf16 --out p.txt
+    PYTHONPATH=. python bench/profile_step.py --arch cifar10 --batch 128 --modes fp32,bf16 \
+        --out p.txt
 
 For each mode, both implementations run `--warmup` steps, then `--steps` steps under torch.profiler.
 It prints, per implementation: wall milliseconds per step, the device's busy milliseconds per step
