@@ -5,8 +5,9 @@ For one data set, every cell of the design (kernel x variance x loss x schedule,
 that are not models left out; on MNIST also the cell of DDPM's U-Net trunk) and every seed:
 train for a budget of steps or CPU minutes, whichever ends first, scoring the averaged weights
 at 1k, 2k, 4k, 8k and 16k steps; then K on held-out data with every t, as specified and with
-each one-step fix, split into bands of t and paired; samples scored by the data set's measure. One JSON record per (data set, cell, seed),
-written atomically; a cell whose record exists is skipped, so the study resumes where it stopped.
+each one-step fix, split into bands of t and paired; samples scored by the data set's measure.
+One JSON record per (data set, cell, seed), written atomically; a cell whose record exists is
+skipped, so the study resumes where it stopped.
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python bench/successors_factorial.py --data swiss_roll \\
         --seeds 0 1 2 --minutes 5
