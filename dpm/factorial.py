@@ -63,7 +63,7 @@ def schedule_diffusion(d: GaussianDiffusion, schedule: str) -> GaussianDiffusion
 # %% ../nbs/15b_factorial.ipynb #f15b0102
 def time_embedding(t, dim: int):
     """Sinusoidal features of the step t, (B, dim), at DDPM's geometric frequencies 1 .. 1e-4 per
-    step; `dpm.reverse.time_features` is the book's octave form of t/T (the records used this one)."""
+    step; `dpm.reverse.time_features` is the book's octave form of t/T (the records used this)."""
     half = dim // 2
     freqs = torch.exp(-math.log(10_000) * torch.arange(half, device=t.device) / half)
     angles = t.float()[:, None] * freqs[None]
