@@ -18,7 +18,7 @@ from .experiments import Experiment, train_or_load, repo_root, study_key, record
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
 from .bound import _draw, _reverse_step, cat_kernels
-from .posterior import _recipe, GaussianDataReverse
+from .posterior import _recipe, GaussianDataReverse, gaussian_gain
 from .baselines import grouped_se
 
 
@@ -97,7 +97,7 @@ _PAPER = dict(K_bits=-0.55, K_minus_L_null_bits=1.5)
 
 # %% ../nbs/15_bark.ipynb #22b539e3
 from .baselines import (gaussian_log_likelihood, image_baselines,   # eq-bark-gauss = eq-base-gauss
-                           evaluation_images, check_below_ceiling)
+                           heldout_baselines, check_below_ceiling)
 
 # %% ../nbs/15_bark.ipynb #354930f5
 def bark_reverse(d, cfg, size: int):
@@ -190,9 +190,8 @@ def _conditional_gain(known, c, border: int, device):
     H, B = (~known).nonzero(), (near & known).nonzero()
     S_BB = lag_covariance(c, B, B)
     S_HB = lag_covariance(c, H, B)
-    L = torch.linalg.cholesky(S_BB + _ridge(c, len(B), device))
-    # $\mathbf A = \boldsymbol\Sigma_{HB}\boldsymbol\Sigma_{BB}^{-1}$
-    A = torch.cholesky_solve(S_HB.T, L).T
+    # $\mathbf A = \boldsymbol\Sigma_{HB}\boldsymbol\Sigma_{BB}^{-1}$ (eq-post-condition), ridged
+    A = gaussian_gain(S_HB, S_BB, (1e-9 * c.max()).item())
     return H, B, A, S_HB
 
 
@@ -448,12 +447,9 @@ def _bound_numbers(base: dict, scaler: Scaler) -> dict:
 def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general), K - L_null, the Gaussian (eq-bark-gauss), the ceiling; inpainting study."
     dev, seed = d.device, cfg.get('seed', 0)
-    x, groups = evaluation_images(d, cfg, heldout, heldout_groups(cfg, seed))
     train = _data(cfg, seed)[0].to(dev)
-    t0 = time.perf_counter()
-    base = image_baselines(d, Batched(reverse), train, x, seed + 1, cfg['eval_batch'],
-                          groups=groups)
-    seconds = time.perf_counter() - t0
+    x, base, seconds = heldout_baselines(d, Batched(reverse), train, heldout, cfg,
+                                         heldout_groups(cfg, seed))
     scaler = Scaler(d.scaler_shift.item(), d.scaler_scale.item())
     fills, info, _, _, _ = inpaint_study(d, reverse, cfg, seed)
     rec = bark_levels(cfg, seed)[3]

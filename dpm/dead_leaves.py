@@ -12,7 +12,7 @@ from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, image_diffusion, network_config, network_kwargs,
                                linear_path, check_divisible)
 from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood,
-                           image_baselines, evaluation_images, check_below_ceiling)
+                           image_baselines, heldout_baselines, check_below_ceiling)
 from .training import evaluate_bound, pick_device
 from .experiments import Experiment, train_or_load, repo_root
 from .sample_quality import texture_numbers
@@ -233,11 +233,8 @@ def _evaluate(d, reverse, cfg, heldout):
     "K (eq-k-general) beside the baselines of eq-base-paired, K - L_null, ceiling: bits/pixel."
     dev, seed = d.device, cfg.get('seed', 0)
     reverse.to(memory_format=torch.channels_last)    # the same convolutions, faster on a CPU
-    x, _ = evaluation_images(d, cfg, heldout)
     train = _data(cfg, seed)[0].to(dev)
-    t0 = time.perf_counter()
-    res = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])
-    seconds = time.perf_counter() - t0
+    x, res, seconds = heldout_baselines(d, reverse, train, heldout, cfg)   # eq-base-paired
     top = check_below_ceiling(res['K_bits'], res['K_bits_se'],
                               ceiling_bits(d.data_scale.item(), cfg['levels']))
     n_tex = min(cfg['n_eval'], len(heldout) // 2)      # eq-sq-texture: samples, floor, Gaussian

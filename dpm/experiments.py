@@ -3,11 +3,11 @@
 # %% auto #0
 __all__ = ['Experiment', 'data_records', 'describe_data', 'repo_root', 'machine', 'peak_memory_mb', 'weights_follow', 'build',
            'experiment_data', 'run', 'save_model', 'load_model', 'model_from', 'packaged_model', 'train_or_load',
-           'study_key', 'read_study', 'write_study', 'home_modules', 'code_modules', 'recorded_study',
+           'code_text', 'study_key', 'read_study', 'write_study', 'home_modules', 'code_modules', 'recorded_study',
            'evaluate_recorded', 'evaluation_record', 'recorded_words']
 
 # %% ../nbs/05b_experiments.ipynb #fb000002
-import os, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars
+import os, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars, textwrap
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -279,11 +279,23 @@ def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device
 
 
 # %% ../nbs/05b_experiments.ipynb #fe500004
+def code_text(source: str) -> str:
+    "The syntax tree of `source` (ast.dump) without docstrings; comments and layout never count."
+    tree = ast.parse(textwrap.dedent(source))
+    for node in ast.walk(tree):
+        body = getattr(node, 'body', None)
+        if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                and body and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
 def study_key(model: torch.nn.Module, data: torch.Tensor, config: dict, seed: int,
               modules: tuple) -> str:
     "sha256 of what a study depends on: weights, data, settings, seed, the modules' code, PyTorch."
     weights = {k: v.detach().cpu() for k, v in model.state_dict().items()}
-    code = ''.join(inspect.getsource(importlib.import_module(f'dpm.{m}')) for m in modules)
+    code = ''.join(code_text(inspect.getsource(importlib.import_module(f'dpm.{m}')))
+                   for m in modules)
     images = None if data is None else checksum({'x': data.cpu()})
     parts = dict(weights=checksum(weights), images=images, seed=seed,
                  config=sorted((k, str(v)) for k, v in config.items()), torch=torch.__version__,
@@ -348,7 +360,7 @@ def evaluate_recorded(exp: Experiment, d, reverse, cfg: dict, heldout, name: str
                       folder=None) -> tuple:
     """(numbers, where) of `exp.evaluate`, read from `evaluation_record(name, folder)` when its key
     matches, else computed and written there (no record under DPM_SMALL=1: computed)."""
-    settings = {**cfg, 'evaluate': inspect.getsource(exp.evaluate)}       # its own code too
+    settings = {**cfg, 'evaluate': code_text(inspect.getsource(exp.evaluate))}   # its code too
     key = study_key(Model(d, reverse), heldout, settings, cfg.get('seed', 0),
                     code_modules(*home_modules(exp.evaluate)))
     return recorded_study(evaluation_record(name, folder), key,

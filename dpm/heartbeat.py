@@ -10,6 +10,7 @@ __all__ = ['LENGTH', 'PERIOD', 'RATE', 'HEARTBEAT', 'HEARTBEAT_MLP', 'heartbeats
 import itertools, math, time
 import torch
 from .diffusion import BinomialDiffusion, binomial_schedule, LN2
+from .bound import largest_beta_1
 from .reverse import ReverseModel, HeartbeatReverse, BumpMLPReverse, PROB_EPS
 from .training import evaluate_bound
 from .experiments import Experiment, train_or_load
@@ -200,14 +201,9 @@ def ceiling_gap_bits(beta_1: float, p: float = RATE, m: int = LENGTH // PERIOD,
     return -_tpi_bits(beta_1, p, m, n) - phase_entropy_bits(beta_1, p, PERIOD, m)
 
 def beta_1_for_gap(gap_bits: float, p: float = RATE) -> float:
-    "The largest beta_1 whose ceiling gap (eq-hb-ceiling) is at most `gap_bits`, by bisection."
+    "The largest beta_1 whose ceiling gap (eq-hb-ceiling) is at most `gap_bits` (eq-beta1-budget)."
     if not gap_bits > 0: raise ValueError(f"gap_bits must be positive, got {gap_bits}")
-    lo, hi = math.log(1e-12), math.log(0.5)               # the gap grows with beta_1
-    if ceiling_gap_bits(math.exp(hi), p) <= gap_bits: return math.exp(hi)
-    for _ in range(100):
-        mid = (lo + hi) / 2
-        lo, hi = (mid, hi) if ceiling_gap_bits(math.exp(mid), p) <= gap_bits else (lo, mid)
-    return math.exp(lo)
+    return largest_beta_1(lambda b: ceiling_gap_bits(b, p), gap_bits)   # the gap grows with beta_1
 
 # %% ../nbs/08_heartbeat.ipynb #fff01574
 @torch.no_grad()

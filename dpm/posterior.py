@@ -2,8 +2,9 @@
 
 # %% auto #0
 __all__ = ['r_weights', 'Observation', 'GaussianObservation', 'Mask', 'BitProbabilities', 'LogDensity', 'sample_posterior',
-           'NoisedGaussianObservation', 'NoisedMask', 'inpaint', 'denoise', 'LinearGaussianReverse', 'exact_posterior',
-           'h_transform_sample', 'GaussianDataReverse', 'parse_bits', 'draw_bit_posterior', 'draw_2d_posterior']
+           'NoisedGaussianObservation', 'NoisedMask', 'inpaint', 'denoise', 'LinearGaussianReverse', 'gaussian_gain',
+           'exact_posterior', 'h_transform_sample', 'GaussianDataReverse', 'parse_bits', 'draw_bit_posterior',
+           'draw_2d_posterior']
 
 # %% ../nbs/09_posterior.ipynb #57a28e35
 import math
@@ -450,14 +451,19 @@ def _linear_observation(r, D):
     H = torch.eye(D, dtype=torch.float64)[obs]
     return H, y[obs], var[obs]
 
+def gaussian_gain(cov_xy, cov_yy, ridge: float = 0.0):
+    "G = Sigma_xy Sigma_yy^-1 of eq-post-condition, by Cholesky of Sigma_yy + ridge I."
+    eye = torch.eye(cov_yy.shape[0], dtype=cov_yy.dtype, device=cov_yy.device)
+    L = torch.linalg.cholesky(cov_yy + ridge * eye)
+    return torch.cholesky_solve(cov_xy.T, L).T
+
 def exact_posterior(d: GaussianDiffusion, model: LinearGaussianReverse, r):
     "Mean and covariance of $p(x_0) r(x_0) / Z$ (eq-post-target), linear Gaussian model."
     m0, P0 = (moment[0] for moment in model.marginal_moments(d))
     H, y, R = _linear_observation(r, P0.shape[0])
-    # $S = HP_0H^\top + R$, gain $K = P_0H^\top S^{-1}$
-    S = H @ P0 @ H.T + torch.diag(R)
-    gain = P0 @ H.T @ torch.linalg.inv(S)
-    # $\mathcal N(\mathbf m_0 + K(\mathbf y - H\mathbf m_0),\ P_0 - KHP_0)$
+    # $G = P_0H^\top(HP_0H^\top + R)^{-1}$
+    gain = gaussian_gain(P0 @ H.T, H @ P0 @ H.T + torch.diag(R))
+    # $\mathcal N(\mathbf m_0 + G(\mathbf y - H\mathbf m_0),\ P_0 - GHP_0)$ (eq-post-condition)
     return m0 + gain @ (y - H @ m0), P0 - gain @ H @ P0
 
 # %% ../nbs/09_posterior.ipynb #e10fc00b
