@@ -162,7 +162,7 @@ def floor_bits(fit: GaussianFit, beta_1: float) -> float:
     return first_step_floor(fit, beta_1).mean().item() / LN2
 
 def choose_beta_1(fit: GaussianFit, max_bits: float = 0.05, lo: float = 1e-9, hi: float = 0.1):
-    "The largest beta_1 in [lo, hi] whose floor (eq-base-floor) is at most max_bits (eq-beta1-budget)."
+    "The largest beta_1 in [lo, hi] with a floor (eq-base-floor) within max_bits: eq-beta1-budget."
     return largest_beta_1(lambda b: floor_bits(fit, b), max_bits, lo, hi)
 
 # %% ../nbs/10a_baselines.ipynb #d6b3bcb6

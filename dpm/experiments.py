@@ -280,16 +280,18 @@ def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device
 
 # %% ../nbs/05b_experiments.ipynb #fe500004
 def code_text(source: str) -> str:
-    "The syntax tree of `source` (ast.dump) without docstrings; comments and layout never count."
+    "The syntax tree of `source` (ast.dump) without docstrings; comments, layout never count."
     tree = ast.parse(textwrap.dedent(source))
     for node in ast.walk(tree):
         body = getattr(node, 'body', None)
         if (isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
                 and body and isinstance(body[0], ast.Expr)
-                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str)):
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)):
             node.body = body[1:] or [ast.Pass()]
     return ast.dump(tree)
 
+# %% ../nbs/05b_experiments.ipynb #fe500014
 def study_key(model: torch.nn.Module, data: torch.Tensor, config: dict, seed: int,
               modules: tuple) -> str:
     "sha256 of what a study depends on: weights, data, settings, seed, the modules' code, PyTorch."
