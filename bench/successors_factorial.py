@@ -15,6 +15,8 @@ skipped, so the study resumes where it stopped.
     ... --list                               # the cells, and nothing run
     ... --data mnist --cells 'unet-*' --minutes M   # the U-Net at the book trunk's CPU time: M
         # the mean cpu_seconds / 60 of the eps_skip-beta_tilde-simple-base records (2.065 here)
+    ... --data mnist --cells 'unet-*' --steps 4000 --minutes 60 \\
+        --out results/successors/factorial_steps       # the U-Net at the book trunk's steps
 """
 import argparse, fnmatch, sys, time
 from pathlib import Path
