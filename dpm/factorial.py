@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['FACTORS', 'UNET_CELLS', 'CHECKPOINTS', 'FACTORIAL_EVAL', 'excluded', 'factorial_cells', 'study_cells',
            'schedule_diffusion', 'time_embedding', 'ResBlock', 'SelfAttention', 'UNetTrunk', 'fix_variants',
-           'score_fixes', 'curve_point', 'sample_measures', 'factorial_setup', 'rounded', 'pack_values',
+           'score_fixes', 'curve_point', 'sample_measures', 'factorial_setup', 'rounded', 'write_record', 'pack_values',
            'unpack_values', 'run_cell', 'cell_difference']
 
 # %% ../nbs/15b_factorial.ipynb #f15b0003
@@ -17,7 +17,7 @@ from .diffusion import GaussianDiffusion
 from .reverse import ReverseModel
 from .experiments import experiment_data, machine
 from .config import scaled, small_scale
-from .files import write_json
+from .files import atomic_write
 from .baselines import paired
 from .successors import (VARIANCES, LOSSES, LADDER_BUDGET, SuccessorReverse, with_fixes,
                             cosine_schedule, linear_schedule, ladder_diffusion, train_budget,
@@ -223,6 +223,12 @@ def _measured(data, cfg, fixed: dict, train, heldout, n: int, seed: int) -> dict
         except ValueError as e: out[name] = dict(failed=str(e))  # e.g. samples not finite
     return out
 
+# %% ../nbs/15b_factorial.ipynb #5a1c0016
+def write_record(rec: dict, path):
+    "A record as compact JSON, its floats `rounded`, written atomically: many records, small."
+    text = json.dumps(rounded(rec), separators=(',', ':')) + '\n'
+    atomic_write(path, lambda f: f.write(text), 'w')
+
 # %% ../nbs/15b_factorial.ipynb #5a1c0002
 def pack_values(v) -> str:
     "A 1-D tensor as base64 text of float16 values, for a JSON record."
@@ -262,7 +268,7 @@ def run_cell(data: str, cell: str, seed: int = 0, steps: int = CHECKPOINTS[-1],
         rec['variants'] = _packed(score(model, ev['n_eval'], True))
         rec['samples'] = _measured(data, cfg, fix_variants(model, lo, hi), train, heldout,
                                    ev['n_samples'], seed + 12)
-    if path is not None: write_json(rounded(rec), path)
+    if path is not None: write_record(rec, path)
     return rec
 
 # %% ../nbs/15b_factorial.ipynb #5a1c0005
