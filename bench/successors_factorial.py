@@ -17,6 +17,8 @@ skipped, so the study resumes where it stopped.
         # the mean cpu_seconds / 60 of the eps_skip-beta_tilde-simple-base records (2.065 here)
     ... --data mnist --cells 'unet-*' --steps 4000 --minutes 60 \\
         --out results/successors/factorial_steps       # the U-Net at the book trunk's steps
+    ... --data mnist --cells reference-learned-K-base --steps 16000 --minutes 30 \
+        --curve-samples 200 --out results/successors/factorial_long   # curves with samples
 """
 import argparse, fnmatch, sys, time
 from pathlib import Path
@@ -36,9 +38,13 @@ def main(argv=None):
     p.add_argument('--steps', type=int, default=CHECKPOINTS[-1], help='at most this many steps')
     p.add_argument('--cells', nargs='+', default=['*'], help='cell names or shell patterns')
     p.add_argument('--out', default=str(ROOT / 'results' / 'successors' / 'factorial'))
+    p.add_argument('--curve-samples', type=int, default=0,
+                   help='also score this many samples at each curve point')
     p.add_argument('--list', action='store_true', help='print the chosen cells and stop')
     a = p.parse_args(argv)
-    if a.minutes <= 0 or a.steps < 1: p.error('--minutes must be > 0 and --steps >= 1')
+    if a.minutes <= 0 or a.steps < 1 or a.curve_samples < 0:
+        p.error('--minutes must be > 0, --steps >= 1 and --curve-samples >= 0')
+    extra = dict(n_curve_samples=a.curve_samples) if a.curve_samples else {}
     torch.set_num_threads(1)
     cells = [c for c in study_cells(a.data) if any(fnmatch.fnmatch(c, pat) for pat in a.cells)]
     if not cells: p.error(f"no cell matches {a.cells}; try --list")
@@ -49,7 +55,7 @@ def main(argv=None):
             path = out / f'{a.data}-{cell}-seed{seed}.json'
             if path.exists(): print(f'{path.name}: exists, skipped'); continue
             t0 = time.perf_counter()
-            r = run_cell(a.data, cell, seed, a.steps, 60 * a.minutes, out)
+            r = run_cell(a.data, cell, seed, a.steps, 60 * a.minutes, out, **extra)
             if 'failed' in r: print(f"{path.name}: failed ({r['failed']})"); continue
             v = r['variants']
             fixes = '  '.join(f"{k} {v[k]['minus_reference_bits']:+.3f}"

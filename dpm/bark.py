@@ -12,11 +12,12 @@ import math, time, functools
 import torch
 import torch.nn.functional as F
 from .diffusion import LN2, GAUSS_L_NULL_BITS
-from .image_network import ImageReverse, image_diffusion, network_config, network_kwargs
+from .image_network import (ImageReverse, image_diffusion, network_config, network_kwargs,
+                               keep_scaler)
 from .training import evaluate_bound, Model
 from .experiments import Experiment, train_or_load, repo_root, study_key, recorded_study
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
-from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit
+from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit, model_scaler
 from .bound import _draw, _reverse_step, cat_kernels
 from .posterior import _recipe, GaussianDataReverse, gaussian_gain
 from .baselines import grouped_se
@@ -108,8 +109,7 @@ def _build(cfg):
     "Diffusion (eq-rev-gauss) with the scaler (eq-data-scale) as buffers, and the conv pathway."
     d = image_diffusion(cfg)
     s = bark_scaler(cfg, cfg.get('seed', 0))
-    d.register_buffer('scaler_shift', torch.tensor(s.shift, dtype=torch.float64))
-    d.register_buffer('scaler_scale', torch.tensor(s.scale, dtype=torch.float64))
+    keep_scaler(d, s.shift, s.scale)                                        # eq-net-scaler
     return d, bark_reverse(d, cfg, int(cfg['size']))
 
 def resized(d, reverse, cfg, size: int):
@@ -179,9 +179,9 @@ def hole_of(x, known):
 
 
 # %% ../nbs/15_bark.ipynb #c15a0005
-def _ridge(c, n: int, device):
-    "1e-9 max(c) I: keeps the Cholesky factorisations of lag covariances away from singular."
-    return 1e-9 * c.max() * torch.eye(n, dtype=c.dtype, device=device)
+def _ridge(c) -> float:
+    "1e-9 max(c): added to the diagonal, keeps the Cholesky factors of lag covariances regular."
+    return (1e-9 * c.max()).item()
 
 @torch.no_grad()
 def _conditional_gain(known, c, border: int, device):
@@ -191,7 +191,7 @@ def _conditional_gain(known, c, border: int, device):
     S_BB = lag_covariance(c, B, B)
     S_HB = lag_covariance(c, H, B)
     # $\mathbf A = \boldsymbol\Sigma_{HB}\boldsymbol\Sigma_{BB}^{-1}$ (eq-post-condition), ridged
-    A = gaussian_gain(S_HB, S_BB, (1e-9 * c.max()).item())
+    A = gaussian_gain(S_HB, S_BB, _ridge(c))
     return H, B, A, S_HB
 
 
@@ -201,7 +201,7 @@ def _conditional_samples(x, c, H, A, S_HB, fill, n_samples: int, generator, devi
     "n_samples draws of the hole given the border (eq-bark-cond): (n_samples, M, 1, R, R)."
     # $\operatorname{Cov}[\mathbf x_H\mid\mathbf x_B] = \Sigma_{HH} - \mathbf A\Sigma_{BH}$
     cov = lag_covariance(c, H, H) - A @ S_HB.T
-    Lc = torch.linalg.cholesky(cov + _ridge(c, len(H), device))
+    Lc = torch.linalg.cholesky(cov + _ridge(c) * torch.eye(len(H), dtype=c.dtype, device=device))
     z = torch.randn(n_samples, len(x), len(H), dtype=c.dtype, generator=generator,
                     device='cpu').to(device)
     samples = x.expand(n_samples, *x.shape).clone()
@@ -450,7 +450,7 @@ def _evaluate(d, reverse, cfg, heldout):
     train = _data(cfg, seed)[0].to(dev)
     x, base, seconds = heldout_baselines(d, Batched(reverse), train, heldout, cfg,
                                          heldout_groups(cfg, seed))
-    scaler = Scaler(d.scaler_shift.item(), d.scaler_scale.item())
+    scaler = model_scaler(d)
     fills, info, _, _, _ = inpaint_study(d, reverse, cfg, seed)
     rec = bark_levels(cfg, seed)[3]
     n_tex = min(cfg['n_eval'], len(heldout) // 2)      # eq-sq-texture: samples, floor, Gaussian
@@ -489,7 +489,7 @@ def plot_figure5(x, known, fills, scaler: Scaler, image: int = 0):
 
 def _figures(d, reverse, cfg, heldout):
     _, _, fills, x, known = inpaint_study(d, reverse, cfg, cfg.get('seed', 0))
-    scaler = Scaler(d.scaler_shift.item(), d.scaler_scale.item())
+    scaler = model_scaler(d)
     first = range(0, len(x), inpaint_tiles(cfg) ** 2)            # one tile of each held-out crop
     return {f'figure5_{i}': plot_figure5(x, known, fills, scaler, i) for i in first}
 

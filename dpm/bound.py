@@ -81,8 +81,8 @@ def first_step_term(d: Diffusion, x0):
 def largest_beta_1(price, budget: float, lo: float = 1e-12, hi: float = 0.5,
                    steps: int = 100) -> float:
     "beta_1* of eq-beta1-budget for a `price(beta_1)` growing with beta_1: bisection in log beta_1."
-    if price(lo) > budget:
-        raise ValueError(f"dpm: even beta_1 = {lo:g} costs {price(lo):.3g}, over the budget "
+    if (p_lo := price(lo)) > budget:
+        raise ValueError(f"dpm: even beta_1 = {lo:g} costs {p_lo:.3g}, over the budget "
                          f"{budget:g}")
     if price(hi) <= budget: return hi
     a, b = math.log(lo), math.log(hi)

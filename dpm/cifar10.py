@@ -3,8 +3,8 @@
 # %% auto #0
 __all__ = ['L_NULL_BITS_PER_DIM', 'CHANNELS', 'PAPER_K_BITS_PER_PIXEL', 'PAPER_K_MINUS_L_NULL', 'ASSUMED_PIXEL_STD',
            'MODERN_BITS_PER_DIM', 'VALID_PHOTO', 'N_VALID', 'NET_KEYS', 'RECIPES', 'CIFAR10', 'CIFAR10_GPU',
-           'bits_per_pixel', 'paper_to_8bit', 'crop', 'cifar_images', 'heldout_groups', 'fit_scaler', 'model_scaler',
-           'wiener_denoise', 'wiener_mse', 'perfect_gaussian', 'denoising', 'plot_figure3']
+           'bits_per_pixel', 'paper_to_8bit', 'crop', 'cifar_images', 'heldout_groups', 'fit_scaler', 'wiener_denoise',
+           'wiener_mse', 'perfect_gaussian', 'denoising', 'plot_figure3']
 
 # %% ../nbs/14_cifar10.ipynb #3d945bd4
 import math, time, functools
@@ -12,12 +12,12 @@ from dataclasses import replace
 import torch
 from .diffusion import GaussianDiffusion, GaussianSchedule, LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
-                               network_kwargs, linear_path, PATHWAY_KEYS, HEAD_KEYS)
+                               network_kwargs, linear_path, PATHWAY_KEYS, HEAD_KEYS, keep_scaler)
 from .training import evaluate_bound
 from .experiments import Experiment, train_or_load
 from .sample_quality import texture_numbers
-from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, PHOTOS_TRAIN,
-                      photo_tiles, data_checksum, PHOTO_SOURCE)
+from .data import (load_cifar10, dequantize, Scaler, nll_bits_per_dim_8bit, model_scaler,
+                      PHOTOS_TRAIN, photo_tiles, data_checksum, PHOTO_SOURCE)
 from .posterior import denoise, gaussian_gain
 from .baselines import (fit_gaussian, gaussian_log_prob, image_baselines, paired, GaussianFit,
                            heldout_baselines, check_below_ceiling,
@@ -116,10 +116,6 @@ def _scaler(*key) -> Scaler:
     "Fitted once per process and image set (training, evaluation and figures all ask for it)."
     return Scaler.fit_8bit(_images(*key)[0])
 
-def model_scaler(d) -> Scaler:
-    "The Scaler stored with a model (buffers data_shift, data_scale of its diffusion)."
-    return Scaler(d.data_shift.item(), d.data_scale.item())
-
 def _data(cfg, seed):
     "Dequantized (eq-data-dequant), scaled (eq-data-scale) float32 (train, heldout) images."
     train_k, held_k = cifar_images(cfg, seed)[:2]
@@ -163,8 +159,7 @@ def _build(cfg):
     S = int(cfg['size'])
     d = image_diffusion(cfg)
     scaler = fit_scaler(cfg, cfg.get('seed', 0))
-    d.register_buffer('data_shift', torch.tensor(scaler.shift, dtype=torch.float64))
-    d.register_buffer('data_scale', torch.tensor(scaler.scale, dtype=torch.float64))
+    keep_scaler(d, scaler.shift, scaler.scale)                             # eq-net-scaler
     linear = linear_path(cfg, d, (CHANNELS, S, S), lambda: _data(cfg, cfg.get('seed', 0))[0])
     reverse = ImageReverse(d, (CHANNELS, S, S), pathway='both', linear=linear,
                            **network_kwargs(cfg, 'both'))            # eq-net-msconv, eq-net-dense
@@ -178,17 +173,18 @@ def _wiener_gain(Sigma, noise_var: float):
     return gaussian_gain(Sigma, Sigma + noise_var * eye)
 
 @torch.no_grad()
-def wiener_denoise(m, Sigma, y, noise_var: float):
+def wiener_denoise(m, Sigma, y, noise_var: float, gain=None):
     "Posterior mean m + Sigma (Sigma + s^2 I)^-1 (y - m) under N(m, Sigma) (eq-cf-wiener)."
-    gain = _wiener_gain(Sigma, noise_var)
+    gain = _wiener_gain(Sigma, noise_var) if gain is None else gain     # or the caller's G
     r = y.reshape(len(y), -1).to(m) - m
     # $\mathbf m + G(\mathbf y - \mathbf m)$, in row form
     return (m + r @ gain.T).to(y.dtype).reshape(y.shape)
 
-def wiener_mse(Sigma, noise_var: float) -> float:
+def wiener_mse(Sigma, noise_var: float, gain=None) -> float:
     "Expected squared error per value of the Gaussian posterior mean (eq-cf-wiener)"
+    gain = _wiener_gain(Sigma, noise_var) if gain is None else gain
     # $\operatorname{Cov}[\mathbf x\mid\mathbf y] = \Sigma - G\Sigma$
-    cov_post = Sigma - _wiener_gain(Sigma, noise_var) @ Sigma
+    cov_post = Sigma - gain @ Sigma
     # $\tfrac1D\operatorname{tr}\operatorname{Cov}[\mathbf x\mid\mathbf y]$
     return (cov_post.diagonal().sum() / Sigma.shape[0]).item()
 
@@ -241,9 +237,10 @@ def denoising(d, reverse, clean, noise_var: float = 1.0, n_posterior: int = 4, g
     out = dict(noisy=y, clean=x, posterior=post, samples=post[f'network_{recipes[0]}'],
                per_image=per, n_posterior=n_posterior, noise_var=noise_var)
     if gaussian is not None:
-        out['wiener'] = wiener_denoise(*gaussian, y, noise_var)          # eq-cf-wiener
+        gain = _wiener_gain(gaussian[1], noise_var)                    # one G for both
+        out['wiener'] = wiener_denoise(*gaussian, y, noise_var, gain)    # eq-cf-wiener
         per['wiener'] = ((out['wiener'] - x) ** 2).flatten(1).mean(1).cpu()
-        out['mse_wiener_predicted'] = wiener_mse(gaussian[1], noise_var)
+        out['mse_wiener_predicted'] = wiener_mse(gaussian[1], noise_var, gain)
     out.update({f'mse_{k}': v.mean().item() for k, v in per.items()})
     out['mse_sample'] = out[f'mse_network_{recipes[0]}_sample']       # the paper's recipe
     out['mse_posterior_mean'] = out[f'mse_network_{recipes[0]}_mean']
@@ -269,8 +266,8 @@ def _table1_numbers(K, K_se, g, scaler: Scaler, ceiling: float, base: dict) -> d
                 K_minus_L_null_heldout_se=bits_per_pixel(base['K_minus_null_se']),
                 heldout_second_moment=base['heldout_second_moment'],
                 gaussian_bits_per_dim_8bit=nll_bits_per_dim_8bit(g.mean().item(), scaler),
-                ceiling_bits=bits_per_pixel(ceiling), data_shift=scaler.shift,
-                data_scale=scaler.scale, pixel_std=1 / scaler.scale,
+                ceiling_bits=bits_per_pixel(ceiling), scaler_shift=scaler.shift,
+                scaler_scale=scaler.scale, pixel_std=1 / scaler.scale,
                 paper_converted_bits_per_dim=paper_to_8bit(pixel_std=ASSUMED_PIXEL_STD),
                 paper_converted_own_std=paper_to_8bit(pixel_std=1 / scaler.scale))
 

