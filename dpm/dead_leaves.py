@@ -224,9 +224,9 @@ def _data(cfg, seed):
 
 # %% ../nbs/11_dead_leaves.ipynb #a440a56b
 def _std_as_scale(d, state, prefix, *_):
-    "Model files written before keep_scaler stored σ itself as the scale: read it as 1/σ."
+    "Model files written before keep_scaler stored σ as the scale (bf16 shards rounded): read 1/σ."
     k = prefix + 'scaler_scale'
-    if k in state and abs(state[k].item() - DATA_STD) < 1e-6:
+    if k in state and abs(state[k].item() / DATA_STD - 1) < 0.01:      # 1/σ is 12 times σ
         state[k] = torch.tensor(1 / DATA_STD, dtype=torch.float64)
 
 def _build(cfg):

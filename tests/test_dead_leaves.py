@@ -89,7 +89,9 @@ def test_experiment_small_and_bad_input(monkeypatch):
     with pytest.raises(ValueError, match='NaN'): d.bound(rev, x)
 
 
-def test_model_file_of_older_names_loads(monkeypatch, tmp_path):
+@pytest.mark.parametrize('sigma', [torch.tensor(12 ** -0.5),                       # float32
+                                   torch.tensor(12 ** -0.5).bfloat16().float()])  # a bf16 shard's
+def test_model_file_of_older_names_loads(monkeypatch, tmp_path, sigma):
     "A model file that named the scaler data_shift, data_scale and stored sigma loads with s = 1/sigma."
     from dpm.experiments import save_model, load_model
     from dpm.checkpoints import atomic_save, upgrade_checkpoint
@@ -101,16 +103,16 @@ def test_model_file_of_older_names_loads(monkeypatch, tmp_path):
     save_model(path, DEAD_LEAVES, d, rev, cfg, dict(history=[], steps=0))
     ck = torch.load(path, weights_only=True)
     old = lambda k: k.replace('scaler_shift', 'data_shift').replace('scaler_scale', 'data_scale')
-    was = {'scaler_shift': torch.tensor(0.5), 'scaler_scale': torch.tensor(12 ** -0.5)}  # float32, sigma
+    was = {'scaler_shift': torch.tensor(0.5), 'scaler_scale': sigma}
     ck['model'] = {old(k): was[k.rsplit('.', 1)[-1]] if old(k) != k else v for k, v in ck['model'].items()}
     ck['signature'] = {old(k): v for k, v in ck['signature'].items()}
     atomic_save({k: v for k, v in ck.items() if k != 'checksum'}, path)
     assert any(k.endswith('data_scale') for k in torch.load(path, weights_only=True)['model'])
     d2, rev2, *_ = load_model(DEAD_LEAVES, path)
-    assert d2.scaler_shift.item() == 0.5 and abs(d2.scaler_scale.item() - 12 ** 0.5) < 1e-6
+    assert d2.scaler_shift.item() == 0.5 and d2.scaler_scale.item() == 1 / dl.DATA_STD
     upgrade_checkpoint(path)                                 # `dpm upgrade`: today's names written
     assert not any(k.endswith('data_scale') for k in torch.load(path, weights_only=True)['model'])
     d3, *_ = load_model(DEAD_LEAVES, path)                    # and it still reads sigma as 1/s
-    assert abs(d3.scaler_scale.item() - 12 ** 0.5) < 1e-6
+    assert d3.scaler_scale.item() == 1 / dl.DATA_STD
     with pytest.warns(DeprecationWarning, match='DATA_STD'):
         assert dl.DATA_SCALE == dl.DATA_STD
