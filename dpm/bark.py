@@ -15,7 +15,8 @@ from .diffusion import LN2, GAUSS_L_NULL_BITS
 from .image_network import (ImageReverse, image_diffusion, network_config, network_kwargs,
                                keep_scaler)
 from .training import evaluate_bound, Model
-from .experiments import Experiment, train_or_load, repo_root, study_key, recorded_study
+from .experiments import (Experiment, train_or_load, repo_root, study_key, recorded_study,
+                             code_modules)
 from .sample_quality import texture_numbers, radial_power     # eq-sq-spectrum
 from .data import load_bark, dequantize, Scaler, nll_bits_per_dim_8bit, model_scaler
 from .bound import _draw, _reverse_step, cat_kernels
@@ -280,10 +281,6 @@ def inpaint_study(d, reverse, cfg, seed: int = 0, record=None):
     return value
 
 
-# %% ../nbs/15_bark.ipynb #fe000002
-_STUDY_CODE = ('bark', 'posterior', 'baselines', 'bound', 'diffusion', 'reverse', 'image_network',
-               'data', 'sample_quality')            # the modules whose code the study runs
-
 # %% ../nbs/15_bark.ipynb #fe000004
 def _study_record(d, reverse, cfg, seed, record):
     "The study read from `record` if its key matches (`recorded_study`), else run and written."
@@ -295,7 +292,8 @@ def _study_record(d, reverse, cfg, seed, record):
         ran.update(fills={k: v[:, shown] for k, v in fills.items()}, x=x_all[shown])
         return dict(numbers=numbers, info=dict(info, shown=shown), x=ran['x'].half(), known=known,
                     fills={k: v.half() for k, v in ran['fills'].items()})
-    r, where = recorded_study(record, study_key(Model(d, reverse), x, cfg, seed, _STUDY_CODE), run)
+    key = study_key(Model(d, reverse), x, cfg, seed, code_modules('bark'))   # all the code it runs
+    r, where = recorded_study(record, key, run)
     info = dict(r['info'], machine={k: v for k, v in where.items() if k != 'read'})
     if ran: return r['numbers'], info, ran['fills'], ran['x'], r['known']   # full precision
     fills = {k: v.float() for k, v in r['fills'].items()}

@@ -13,7 +13,8 @@ from .settings import DpmError, ConfigError, short, MAX_ELEMENTS, DataError
 from .files import (OutDirError, check_out_dir, write_json, atomic_write, open_regular,
                        remove_leftovers)
 from .checkpoints import CheckpointError, upgrade_checkpoint
-from .training import pick_device, init_distributed, world, load_checkpoint, STORED_KEYS
+from .devices import pick_device, init_distributed, world
+from .training import load_checkpoint, STORED_KEYS
 from .experiments import (run, load_model, model_from, machine, peak_memory_mb, data_records,
                              describe_data, experiment_data)
 
@@ -316,11 +317,10 @@ def cmd_list(args):
 # %% ../nbs/06_cli.ipynb #38dd9b5c
 def _add_upgrade(sub):
     u = sub.add_parser('upgrade', help='re-save model or checkpoint files with a checksum',
-                       description='Re-save files written before checksums (format '
-                       'dpm-checkpoint-1) in the current format, weights unchanged, after '
-                       'checking that they hold what a checkpoint must hold (a model: that '
-                       '`dpm evaluate` can load it). Files of a newer format are refused; '
-                       'current files are only verified.')
+                       description="""Re-save files written before checksums (format
+        dpm-checkpoint-1) in the current format, weights unchanged, after checking that they hold
+        what a checkpoint must hold (a model: that `dpm evaluate` can load it). Files of a newer
+        format are refused; current files are only verified.""")
     u.add_argument('files', nargs='+', metavar='FILE')
     u.set_defaults(func=cmd_upgrade)
 

@@ -13,7 +13,8 @@ from .image_network import (ImageReverse, image_diffusion, network_config, netwo
                                linear_path, check_divisible, keep_scaler)
 from .baselines import (fit_gaussian, gaussian_log_prob, gaussian_log_likelihood,
                            image_baselines, heldout_baselines, check_below_ceiling)
-from .training import evaluate_bound, pick_device
+from .devices import pick_device
+from .training import evaluate_bound
 from .experiments import Experiment, train_or_load, repo_root
 from .sample_quality import texture_numbers
 

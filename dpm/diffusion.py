@@ -223,22 +223,24 @@ def _log_alphas_bar(self: Diffusion, beta):
     return torch.cumsum(torch.log1p(-beta), 0)
 
 @patch
+def _from_log_alphas_bar(self: Diffusion, slot: int, at_0: float, f):
+    "[at_0, f(log ᾱ_1), ..., f(log ᾱ_T)], or the schedule cache's entry `slot` when there is one."
+    cached = self.__dict__.get('_cache')
+    if cached: return cached[slot]
+    beta = self.betas
+    return torch.cat([beta.new_full((1,), at_0), f(self._log_alphas_bar(beta))])
+
+@patch
 def alphas_bar(self: Diffusion) -> torch.Tensor:
     "$\\bar\\alpha_0..\\bar\\alpha_T$, $\\bar\\alpha_0 = 1$, indexable by t (eq-gauss-marginal)."
-    cached = self.__dict__.get('_cache')
-    if cached: return cached[1]
-    beta = self.betas
     # $\bar\alpha_t = \exp\log\bar\alpha_t$, with $\bar\alpha_0 = 1$ in front
-    return torch.cat([beta.new_ones(1), torch.exp(self._log_alphas_bar(beta))])
+    return self._from_log_alphas_bar(1, 1.0, torch.exp)
 
 @patch
 def one_minus_alphas_bar(self: Diffusion) -> torch.Tensor:
     "$1-\\bar\\alpha_0..1-\\bar\\alpha_T$, accurate for tiny $\\beta$ (expm1, not 1 - ...)."
-    cached = self.__dict__.get('_cache')
-    if cached: return cached[2]
-    beta = self.betas
-    # $1-\bar\alpha_t = -\operatorname{expm1}(\log\bar\alpha_t)$
-    return torch.cat([beta.new_zeros(1), -torch.expm1(self._log_alphas_bar(beta))])
+    # $1-\bar\alpha_t = -\operatorname{expm1}(\log\bar\alpha_t)$, with $1-\bar\alpha_0 = 0$ in front
+    return self._from_log_alphas_bar(2, 0.0, lambda log_ab: -torch.expm1(log_ab))
 
 # %% ../nbs/01_diffusion.ipynb #8333fb88
 @patch

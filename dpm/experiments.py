@@ -18,8 +18,9 @@ from .config import small_scale
 from .settings import DpmError, ConfigError, check_config, key_from_default, short, MAX_ELEMENTS
 from .files import out_lock, remove_leftovers, write_json, assets_dir, open_regular, atomic_write
 from .checkpoints import FORMAT, CheckpointError, atomic_save, signature, checksum
+from .devices import world, pick_device
 from .training import (TRAIN_KEYS, TRAIN_DEFAULTS, COMMON_KEYS, TrainConfig, Model, train,
-                          world, pick_device, check_compatible, load_checkpoint)
+                          check_compatible, load_checkpoint)
 
 # %% ../nbs/05b_experiments.ipynb #b8711c42
 @dataclass

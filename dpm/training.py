@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['TRAIN_KEYS', 'TRAIN_DEFAULTS', 'COMMON_KEYS', 'STORED_KEYS', 'ALPHA_BAR_T_MAX', 'stratified_steps', 'setting',
-           'TrainConfig', 'load_checkpoint', 'pick_device', 'check_compatible', 'Model', 'check_devices',
-           'evaluate_bound', 'world', 'init_distributed', 'Objective', 'WeightAverage', 'train']
+           'TrainConfig', 'load_checkpoint', 'check_compatible', 'Model', 'evaluate_bound', 'Objective',
+           'WeightAverage', 'train']
 
 # %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, math, time, warnings, itertools, importlib
@@ -17,6 +17,8 @@ from .diffusion import Diffusion, GaussianDiffusion, LN2, deferred_checks
 from .settings import ConfigError, DataError, Key, check_config, short, MAX_ELEMENTS
 from .checkpoints import (FORMAT, CheckpointError, atomic_save, read_checkpoint, signature,
                              check_signature, _finite, _count, _plain)
+from .devices import (pick_device, check_devices, autocast_forward, world, batch_share,
+                         agree_across_ranks)
 
 # %% ../nbs/05_training.ipynb #1d6e4673
 def stratified_steps(B: int, T: int, device=None, generator=None):
@@ -100,40 +102,6 @@ def _param_groups(model, cfg: TrainConfig) -> list:
     return [dict(params=[p for p in params if id(p) not in own], lr_scale=1.0),
             dict(params=schedule, lr_scale=cfg.schedule_lr / cfg.lr)]
 
-# %% ../nbs/05_training.ipynb #8e3276df
-def _autocast(net, device, amp):
-    "The network's forward under bf16 autocast, its outputs back in the input's precision."
-    if amp is None: return net
-    def forward(xt, t):
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            out = net(xt, t)
-        return tuple(o.to(xt.dtype) for o in out) if isinstance(out, tuple) else out.to(xt.dtype)
-    return forward
-
-
-# %% ../nbs/05_training.ipynb #3d882a27
-def pick_device(device=None) -> torch.device:
-    "`None`/'auto' -> CUDA if available else CPU; else the device named, if this machine has it."
-    if device in (None, 'auto'): return torch.device('cuda' if torch.cuda.is_available() else 'cpu')
-    try: dev = torch.device(device)
-    except (RuntimeError, TypeError, ValueError) as e:
-        raise ConfigError(f"unknown device {device!r} ({e})") from None
-    if dev.type == 'cuda':
-        if not torch.cuda.is_available():
-            why = 'has no CUDA support' if torch.version.cuda is None else 'sees no CUDA GPU'
-            raise ConfigError(f"device {device!r} requested, but this PyTorch build "
-                              f"({torch.__version__}) {why}")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(f"device {device!r} requested, but there are only "
-                              f"{torch.cuda.device_count()} CUDA devices")
-    elif dev.type != 'cpu':                              # mps, xpu, ...: where torch says it works
-        backend = getattr(torch.backends, dev.type, None) or getattr(torch, dev.type, None)
-        available = getattr(backend, 'is_available', None)
-        if dev.type == 'meta' or available is None or not available():
-            raise ConfigError(f"device {device!r} requested, but it is not available on this "
-                              f"machine (use 'cpu'{' or cuda' * torch.cuda.is_available()})")
-    return dev
-
 # %% ../nbs/05_training.ipynb #c994c6de
 def check_compatible(ckpt: dict, module: nn.Module, config: dict, path):
     "Raise `CheckpointError` naming the differences between a checkpoint and this model/config."
@@ -185,19 +153,6 @@ class Model(nn.ModuleDict):
     def __init__(self, diffusion: Diffusion, reverse: nn.Module):
         super().__init__({'diffusion': diffusion, 'reverse': reverse})
 
-def _device_of(module, default=None):
-    t = next(iter(module.parameters()), None)
-    if t is None: t = next(iter(module.buffers()), None)
-    return t.device if t is not None else default
-
-def check_devices(d: Diffusion, reverse):
-    "The device that `d` and `reverse` share; a clear `ValueError` if they live on different ones."
-    dev_d = d.device
-    dev_r = _device_of(reverse, dev_d) if isinstance(reverse, nn.Module) else dev_d
-    if dev_d != dev_r:
-        raise ValueError(f"the diffusion is on {dev_d} but the reverse model on {dev_r}: "
-                         f"move both to one device (d.to(dev), reverse.to(dev))")
-    return dev_d
 
 
 # %% ../nbs/05_training.ipynb #4195a12f
@@ -215,40 +170,6 @@ def evaluate_bound(d: Diffusion, reverse, x0, n_samples: int = 1, batch_size: in
     return dict(K_nats=mean, K_nats_se=se, K_bits=mean / LN2, K_bits_se=se / LN2, n=len(ks))
 
 
-# %% ../nbs/05_training.ipynb #159d8027
-def world() -> tuple:
-    "(rank, world size) of this process: (0, 1) unless torch.distributed is initialised."
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size()
-    return 0, 1
-
-def init_distributed(device=None) -> torch.device:
-    "Join the process group torchrun describes (env RANK, WORLD_SIZE, ...); this rank's device."
-    if int(os.environ.get('WORLD_SIZE', '1')) <= 1: return pick_device(device)
-    dev = pick_device(device)
-    if dev.type == 'cuda':                                      # one GPU per process
-        dev = torch.device('cuda', int(os.environ.get('LOCAL_RANK', '0')))
-        torch.cuda.set_device(dev)
-    if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group('nccl' if dev.type == 'cuda' else 'gloo')
-    return dev
-
-
-# %% ../nbs/05_training.ipynb #8baa0e9f
-def _share(B: int, rank: int, n_proc: int) -> tuple:
-    "This process's slice [lo, hi) of the global batch of B examples (eq-train-ddp)."
-    if B % n_proc:
-        raise ConfigError(f"batch_size {B} must be divisible by the number of processes {n_proc}")
-    return rank * B // n_proc, (rank + 1) * B // n_proc
-
-def _agree(loss, stop: bool) -> tuple:
-    "(loss averaged over the ranks, on the device; whether any rank must stop), in one collective."
-    rank, n_proc = world()
-    if n_proc == 1: return loss.detach(), stop
-    v = torch.stack([loss.detach().double(), loss.new_tensor(float(stop)).double()])
-    torch.distributed.all_reduce(v)                            # eq-train-ddp
-    return v[0] / n_proc, v[1].item() > 0
-
 # %% ../nbs/05_training.ipynb #646b876a
 class Objective(nn.Module):
     "One-step estimate of K (eq-k-estimator) per example: what DistributedDataParallel wraps."
@@ -265,7 +186,7 @@ class Objective(nn.Module):
 def _objective(model: Model, reverse, cfg: TrainConfig, device, n_proc: int):
     "The objective on the (compiled, autocast) network; wrapped in DDP on several processes."
     net = torch.compile(reverse) if cfg.compile else reverse
-    objective = Objective(model, _autocast(net, device, cfg.amp))
+    objective = Objective(model, autocast_forward(net, device, cfg.amp))
     if n_proc > 1:
         from torch.nn.parallel import DistributedDataParallel
         objective = DistributedDataParallel(
@@ -410,7 +331,7 @@ def _step(state: _RunState, objective, batch: tuple, cfg: TrainConfig, t_start: 
         loss = -objective(*batch).mean()
         state.opt.zero_grad(set_to_none=True); loss.backward()  # DDP: gradients averaged
     elapsed = time.perf_counter() - t_start
-    loss, stop = _agree(loss, cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes)
+    loss, stop = agree_across_ranks(loss, cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes)
     failed, checked = ~torch.isfinite(loss), checks.failed()
     if checked is not None: failed = failed | checked
     _receive(state)                              # the previous step, while this one runs
@@ -515,7 +436,7 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     "Maximise K (eq-train-objective); resume from `checkpoint`, else warm-start from model `init`."
     cfg = config or TrainConfig()
     (rank, n_proc), device = world(), pick_device(device)
-    B, share = cfg.batch_size, _share(cfg.batch_size, rank, n_proc)
+    B, share = cfg.batch_size, batch_share(cfg.batch_size, rank, n_proc)
     model = Model(d, reverse).to(device)
     train_data, heldout, fmt = _training_data(d, model, train_data, heldout, cfg, device)
     full_config = {**(full_config or {}), **asdict(cfg)}
@@ -569,7 +490,7 @@ def _warm_start(state: _RunState, init) -> _RunState:
     return state
 
 # %% ../nbs/05_training.ipynb #fb000004
-_MOVED_TO = ('settings', 'files', 'checkpoints', 'experiments')   # where dpm.training's names went
+_MOVED_TO = ('settings', 'files', 'checkpoints', 'devices', 'experiments')   # where they went
 
 def __getattr__(name):
     "A public name of a module in `_MOVED_TO`, loaded from there with a warning naming its place."

@@ -83,6 +83,12 @@ PACKED = TOY_MODELS + ['mnist.pt', 'digit_classifier.pt']   # what setup.py pack
 BUILD_FILES = ['setup.py', 'settings.ini', 'pyproject.toml', 'MANIFEST.in', 'README.md']
 
 
+def run_python(code: str, cwd, env, timeout: float = 300):
+    "Run `code` in the installed package's Python, outside the checkout."
+    return subprocess.run([sys.executable, '-c', code], cwd=cwd, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
 @pytest.fixture(scope='module')
 def installed(tmp_path_factory):
     """The wheel built from this checkout (`pip wheel --no-deps`), installed into a folder of its own;
@@ -173,8 +179,7 @@ def test_installed_cli_samples_digits(installed, tmp_path):
             'u = model_scaler(d).inverse(x.double()).clamp(0, 1)\n'
             'p = digit_outputs(net, u)[1]\n'
             'print(classifier_path(), (p.max(1).values > 0.9).double().mean().item())\n')
-    r = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = run_python(code, tmp_path, env)
     assert r.returncode == 0, r.stdout + r.stderr
     where, share = r.stdout.split()
     assert Path(where).is_relative_to(site), where
@@ -207,6 +212,5 @@ def test_installed_train_or_load_reuses_the_shipped_model(installed, tmp_path):
             't.run = no_training\n'
             'd, reverse, info, cfg = t.train_or_load(get_experiment("swiss_roll"), progress=False)\n'
             'print("loaded", info["steps"])\n')
-    r = subprocess.run([sys.executable, '-c', code], cwd=tmp_path, env=env, capture_output=True,
-                       text=True, timeout=300)
+    r = run_python(code, tmp_path, env)
     assert r.returncode == 0 and 'loaded' in r.stdout, r.stdout + r.stderr
