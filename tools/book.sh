@@ -17,6 +17,10 @@ export DPM_SMALL=${DPM_SMALL:-0}
 # MPLBACKEND=Agg makes every plt.show() a no-op and the book would have no figures. Scripts and the
 # CLI choose Agg themselves.
 unset MPLBACKEND
+# A built book has no kernel to drive an ipywidgets control, and executing a cell that makes one can
+# leave nbclient waiting forever for the cell's reply (seen twice, chapters 07 and 08, on a loaded
+# 2-core machine; jupyter/nbclient#312): the chapters' widget cells draw their first view instead.
+export DPM_WIDGETS=0
 # Every kernel of the build starts with tools/figure_fonts.py (a startup file of an IPython profile
 # under _build): the figures' matplotlib baseline, and a record of the smallest text of each figure
 # drawn, which tests/test_book.py checks as the page renders it. (tools/execute_book.py gives each of
