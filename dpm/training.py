@@ -331,7 +331,8 @@ def _step(state: _RunState, objective, batch: tuple, cfg: TrainConfig, t_start: 
         loss = -objective(*batch).mean()
         state.opt.zero_grad(set_to_none=True); loss.backward()  # DDP: gradients averaged
     elapsed = time.perf_counter() - t_start
-    loss, stop = agree_across_ranks(loss, cfg.max_minutes is not None and elapsed >= 60 * cfg.max_minutes)
+    loss, stop = agree_across_ranks(loss, cfg.max_minutes is not None
+                                    and elapsed >= 60 * cfg.max_minutes)
     failed, checked = ~torch.isfinite(loss), checks.failed()
     if checked is not None: failed = failed | checked
     _receive(state)                              # the previous step, while this one runs
