@@ -251,14 +251,15 @@ def pack_values(v) -> str:
 
 def unpack_values(text: str) -> torch.Tensor:
     "The float64 values that pack_values wrote (or plain base64 float16, as older records hold)."
-    if text.startswith(PACKED):
-        try: split = zlib.decompress(base64.b64decode(text[len(PACKED):].encode(), validate=True))
+    deflated = text.startswith(PACKED)
+    try: data = base64.b64decode(text[len(PACKED) * deflated:].encode(), validate=True)
+    except ValueError as e: raise ValueError(f"not a packed float16 array: {e}") from None
+    if deflated:
+        try: data = zlib.decompress(data)
         except zlib.error as e: raise ValueError(f"not a packed float16 array: {e}") from None
-        if len(split) % 2: raise ValueError("not a packed float16 array: odd number of bytes")
-        n = len(split) // 2
-        raw = bytearray(len(split)); raw[1::2], raw[0::2] = split[:n], split[n:]
-    else: raw = bytearray(base64.b64decode(text.encode(), validate=True))
-    if len(raw) % 2: raise ValueError("not a packed float16 array: odd number of bytes")
+    if len(data) % 2: raise ValueError("not a packed float16 array: odd number of bytes")
+    raw, n = bytearray(data), len(data) // 2
+    if deflated: raw[1::2], raw[0::2] = data[:n], data[n:]      # high bytes were written first
     return torch.frombuffer(raw, dtype=torch.float16).double()
 
 # %% ../nbs/15b_factorial.ipynb #ba3c62a2
