@@ -4,7 +4,7 @@
 __all__ = ['FACTORS', 'UNET_CELLS', 'CHECKPOINTS', 'FACTORIAL_EVAL', 'PACKED', 'excluded', 'factorial_cells', 'study_cells',
            'schedule_diffusion', 'time_embedding', 'ResBlock', 'SelfAttention', 'UNetTrunk', 'fix_variants',
            'score_fixes', 'curve_point', 'sample_measures', 'factorial_setup', 'rounded', 'write_record', 'pack_values',
-           'unpack_values', 'run_cell', 'cell_difference']
+           'unpack_values', 'run_cell', 'cell_difference', 'split_difference', 'band_verdict']
 
 # %% ../nbs/15b_factorial.ipynb #f15b0003
 import math, itertools, json, base64, zlib
@@ -310,3 +310,22 @@ def cell_difference(recs_a: list, recs_b: list, what='K') -> dict:
     S, within = len(diffs), math.sqrt(sum(v * v for v in ses)) / len(diffs)
     between = torch.tensor(diffs).std().item() / math.sqrt(S) if S > 1 else 0.0
     return dict(diff=sum(diffs) / S, se=max(within, between), seeds=S, per_seed=diffs)
+
+# %% ../nbs/15b_factorial.ipynb #5a1c0031
+def split_difference(recs_a: list, recs_b: list) -> dict:
+    "`cell_difference` of K and of its shares (eq-succ-bands): t = 2, t = T and the steps between."
+    return dict(K=cell_difference(recs_a, recs_b), first=cell_difference(recs_a, recs_b, 't = 2'),
+                last=cell_difference(recs_a, recs_b, 't = T'),
+                rest=cell_difference(recs_a, recs_b, ('small t', 'middle')))
+
+def band_verdict(split: dict, sign: int = 1, k: float = 3.0) -> tuple:
+    """(word, where): `verdict` of sign * K's difference, and what carries it — 'the chain' when the
+    steps between t = 2 and t = T alone give the same word, else the end step with the larger share
+    of those that give it alone."""
+    word_of = lambda part: verdict(sign * split[part]['diff'], split[part]['se'], k)
+    word = word_of('K')
+    if word == 'undecided': return word, None
+    if word_of('rest') == word: return word, 'the chain'
+    ends = [(abs(split[part]['diff']), t) for part, t in (('first', 't = 2'), ('last', 't = T'))
+            if word_of(part) == word]
+    return word, max(ends)[1] if ends else 'no band alone'
