@@ -12,7 +12,8 @@ import argparse, copy, json, math, os
 os.environ.setdefault('DPM_SMALL', '0')
 import torch
 from dpm.experiments import machine
-from dpm.baselines import LinearReverse, VAR_MIN, paired_bounds
+from dpm.reverse import VAR_MIN
+from dpm.baselines import LinearReverse, paired_bounds
 from dpm.image_network import ImageReverse
 from dpm.experiments import train_or_load, build
 from dpm import mnist as mn, dead_leaves as dl

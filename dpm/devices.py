@@ -68,8 +68,8 @@ def world() -> tuple:
 
 def init_distributed(device=None) -> torch.device:
     "Join the process group torchrun describes (env RANK, WORLD_SIZE, ...); this rank's device."
-    if int(os.environ.get('WORLD_SIZE', '1')) <= 1: return pick_device(device)
     dev = pick_device(device)
+    if int(os.environ.get('WORLD_SIZE', '1')) <= 1: return dev
     if dev.type == 'cuda':                                      # one GPU per process
         dev = torch.device('cuda', int(os.environ.get('LOCAL_RANK', '0')))
         torch.cuda.set_device(dev)

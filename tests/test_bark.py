@@ -185,7 +185,7 @@ def test_stationary_model_single_precision_matches_double():
     grid = torch.stack(torch.meshgrid(torch.arange(R), torch.arange(R), indexing='ij'), -1).reshape(-1, 2)
     exact = GaussianDataReverse(d, torch.full((R * R,), float(mu)), lag_covariance(c, grid, grid))
     fast = stationary_model(d, mu, c, R)
-    assert fast.U.dtype == torch.float32
+    assert fast.lin_eigvecs.dtype == torch.float32
     x, t = torch.randn(3, 1, R, R, dtype=torch.float64), torch.tensor([2, 5, 10])
     (m64, v64), (m32, v32) = exact(x, t), fast(x.float(), t)
     assert ((m32 - m64).abs() / v64.sqrt()).max() < 1e-3 and ((v32 - v64).abs() / v64).max() < 1e-3

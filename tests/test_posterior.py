@@ -314,7 +314,7 @@ def test_both_recipes_run_where_the_diffusion_is(device):
     from dpm.posterior import GaussianDataReverse
     d = GaussianDiffusion(GaussianSchedule(50, learn=False)).to(device)
     model = GaussianDataReverse(d, torch.zeros(16), 0.5 * torch.eye(16) + 0.5)
-    assert model.U.device.type == device
+    assert model.lin_eigvecs.device.type == device
     y = torch.randn(8, 1, 4, 4, device=device)
     mask = torch.rand(8, 1, 4, 4, device=device) < 0.5
     for recipe in ('paper', 'noised'):
