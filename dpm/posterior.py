@@ -602,8 +602,8 @@ def forward(self: GaussianDataReverse, xt, t):
     return mean.reshape(xt.shape), var.clamp(min=VAR_MIN).reshape(xt.shape)
 
 @patch
-def linear(self: GaussianDataReverse) -> LinearGaussianReverse:
-    "The same model with $A_t = U\\mathrm{diag}(a_t)U^T$ stored (eq-post-eigen), float64: for small D."
+def dense(self: GaussianDataReverse) -> LinearGaussianReverse:
+    "The same model with dense $A_t = U\\mathrm{diag}(a_t)U^T$ (eq-post-eigen), float64: for small D."
     U, m = self.lin_eigvecs.double().cpu(), self.lin_mean.double().cpu()
     steps = torch.arange(1, self.T + 1, device=self.diffusion.betas.device)
     beta, root_prev, root_t, p_prev, p_t = (v.cpu() for v in self._step_coefficients(steps, U))
