@@ -202,7 +202,7 @@ def by_group(values: dict, groups, D: int) -> list:
 def linear_of(d, reverse, train) -> LinearReverse:
     "A network's own linear path (eq-net-residual) or, if it has none, the linear model of train."
     own = getattr(reverse, 'linear', None)
-    if own is not None: return own
+    if isinstance(own, GaussianDataReverse): return own
     return LinearReverse(d, train.shape[1:], fit_eigen(train)).to(d.device)
 
 # %% ../nbs/10a_baselines.ipynb #7054d1b9

@@ -6,7 +6,7 @@ __all__ = ['VARIANTS', 'LEAK', 'PATHWAYS', 'IMAGE_CONFIGS', 'PATHWAY_KEYS', 'HEA
            'image_diffusion', 'keep_scaler']
 
 # %% ../nbs/10_image_network.ipynb #2b104a45
-import math
+import math, warnings
 import torch
 from torch import nn
 import torch.nn.functional as F
@@ -70,10 +70,17 @@ def _sum_scales(self: MultiScaleConv, x, per_scale):
     return out
 
 @patch
-def linear(self: MultiScaleConv, x):
+def linear_steps(self: MultiScaleConv, x):
     "The three linear steps only: sum_s U_s K_s P_s x (eq-net-msconv without the softplus)."
     self._check(x)
     return self._sum_scales(x, lambda h: h)
+
+# %% ../nbs/10_image_network.ipynb #8fb1860f
+@patch
+def linear(self: MultiScaleConv, x):
+    "`linear_steps`, under its old name, with a deprecation warning."
+    warnings.warn("MultiScaleConv.linear is now linear_steps", DeprecationWarning, stacklevel=2)
+    return self.linear_steps(x)
 
 @patch
 def forward(self: MultiScaleConv, x):

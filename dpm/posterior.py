@@ -7,7 +7,7 @@ __all__ = ['COVARIANCES', 'r_weights', 'Observation', 'GaussianObservation', 'Ma
            'parse_bits', 'draw_bit_posterior', 'draw_2d_posterior']
 
 # %% ../nbs/09_posterior.ipynb #57a28e35
-import math
+import math, warnings
 import torch
 from torch import nn
 from fastcore.basics import patch
@@ -534,23 +534,24 @@ def _eigendecomposition(cov, dtype):
         raise ValueError("cov must be positive semi-definite")
     return lam.clamp_min(0), U
 
-# %% ../nbs/09_posterior.ipynb #a9e1c0de
 COVARIANCES = ('diagonal', 'eigen')       # eq-base-rev-var, eq-base-rev-eig
 
+# %% ../nbs/09_posterior.ipynb #a9e1c0de
 class GaussianDataReverse(ReverseModel):
     """The exact reverse kernels of data $N(m, \\Sigma)$ (eq-post-linear-mean) in $\\Sigma$'s
     eigenbasis (eq-post-eigen): exact means (eq-base-rev-mean), the diagonal of the covariances
     (eq-base-rev-var) or, with covariance='eigen', all of them in U's basis (eq-base-rev-eig)."""
     def __init__(self,
-                 d: GaussianDiffusion,      # the diffusion this model reverses
-                 mean,                      # the data mean m: D values, any shape
-                 cov=None,                  # the data covariance Sigma, (D, D), positive semi-definite
-                 dtype=torch.float64,       # of the stored Gaussian (float32: large D)
-                 event_shape=None,          # one example's shape; None: any shape with D values
+                 d: GaussianDiffusion,     # the diffusion this model reverses
+                 mean,                     # the data mean m: D values, any shape
+                 cov=None,                 # the data covariance Sigma, (D, D), semi-definite
+                 dtype=torch.float64,      # of the stored Gaussian (float32: large D)
+                 event_shape=None,         # one example's shape; None: any shape of D values
                  covariance: str = 'diagonal',   # or 'eigen': eq-base-rev-eig
-                 eigen=None):               # (lambda, U), Sigma's eigenbasis, instead of cov
+                 eigen=None):              # (lambda, U), Sigma's eigenbasis, instead of cov
         if (cov is None) == (eigen is None):
-            raise ValueError("give the covariance cov or its eigenbasis eigen=(lambda, U), not both")
+            raise ValueError("give the covariance cov or its eigenbasis eigen=(lambda, U), "
+                             "not both")
         lam, U = _eigendecomposition(cov, dtype) if eigen is None else eigen
         D = U.shape[0]
         super().__init__(d, (D,) if event_shape is None else event_shape)
@@ -577,6 +578,7 @@ def _step_coefficients(self: GaussianDataReverse, t, like):
     return (col(d.betas, t - 1), col(alpha_bar, t - 1).sqrt(), col(alpha_bar, t).sqrt(),
             p(t - 1), p(t))
 
+# %% ../nbs/09_posterior.ipynb #a9e1c0f1
 @patch
 def forward(self: GaussianDataReverse, xt, t):
     "(mean, var), or (mean, c_t, U) (eq-base-rev-eig), of step t, shaped like xt, float32 at least."
@@ -601,21 +603,28 @@ def forward(self: GaussianDataReverse, xt, t):
         var = (c @ (U * U).T)[row]
     return mean.reshape(xt.shape), var.clamp(min=VAR_MIN).reshape(xt.shape)
 
+# %% ../nbs/09_posterior.ipynb #a9e1c0f0
 @patch
 def dense(self: GaussianDataReverse) -> LinearGaussianReverse:
-    "The same model with dense $A_t = U\\mathrm{diag}(a_t)U^T$ (eq-post-eigen), float64: for small D."
+    "The same model with dense $A_t = U\\mathrm{diag}(a_t)U^T$ (eq-post-eigen), float64: small D."
     U, m = self.lin_eigvecs.double().cpu(), self.lin_mean.double().cpu()
     steps = torch.arange(1, self.T + 1, device=self.diffusion.betas.device)
     beta, root_prev, root_t, p_prev, p_t = (v.cpu() for v in self._step_coefficients(steps, U))
     # $a_t = \sqrt{1-\beta_t}\,p_{t-1}/p_t$, $c_t = \beta_t p_{t-1}/p_t$ (eq-post-eigen), t = 1..T
     a, c = (1 - beta).sqrt() * p_prev / p_t, beta * p_prev / p_t
     A = U @ (a[:, :, None] * U.T)
-    # $\mathbf b_t = \sqrt{\bar\alpha_{t-1}}\,\mathbf m - \sqrt{\bar\alpha_t}\,A_t\mathbf m$; row 0 unused
+    # $\mathbf b_t = \sqrt{\bar\alpha_{t-1}}\,\mathbf m - \sqrt{\bar\alpha_t}\,A_t\mathbf m$
     b = root_prev * m - root_t * (A @ m)
-    first = lambda v: v[None]
+    first = lambda v: v[None]                                   # row 0, t = 0, unused
     return LinearGaussianReverse(torch.cat([first(torch.eye(len(m), dtype=U.dtype)), A]),
                                  torch.cat([first(torch.ones_like(m)), c @ (U ** 2).T]),
                                  torch.cat([first(torch.zeros_like(m)), b]))
+
+@patch
+def linear(self: GaussianDataReverse) -> LinearGaussianReverse:
+    "`dense`, under its old name, with a deprecation warning."
+    warnings.warn("GaussianDataReverse.linear() is now .dense()", DeprecationWarning, stacklevel=2)
+    return self.dense()
 
 # %% ../nbs/09_posterior.ipynb #123c3607
 def parse_bits(observed: str):
