@@ -67,10 +67,6 @@ class LinearReverse(GaussianDataReverse):
                  event_shape,               # shape of one example, e.g. (C, H, W)
                  fit: GaussianFit,          # the data's Gaussian (fit_eigen of the training set)
                  covariance: str = 'diagonal'):   # 'eigen': eq-base-rev-eig, no diagonal price
-        D = math.prod(tuple(event_shape))
-        if fit.mean.shape != (D,) or fit.eigvecs.shape != (D, D):
-            raise ValueError(f"dpm: the Gaussian fit has {fit.mean.numel()} dimensions, the "
-                             f"examples {D} (shape {tuple(event_shape)})")
         if not (fit.eigvals > 0).all():
             raise ValueError("dpm: covariance eigenvalues must be positive (more training images?)")
         super().__init__(diffusion, fit.mean, dtype=torch.float32, event_shape=event_shape,

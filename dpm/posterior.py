@@ -524,8 +524,16 @@ def marginal_variances(lam, one_minus_alpha_bar):
     # $p_{s,k} = \lambda_k + (1-\bar\alpha_s)(1-\lambda_k)$
     return lam + one_minus_alpha_bar * (1 - lam)
 
-def _eigendecomposition(cov, dtype):
-    "(lambda, U) of a finite, positive semi-definite (D, D) matrix, in dtype; tiny negatives to 0."
+def _eigenbasis(cov, eigen, dtype):
+    "(lambda, U): `eigen`, shapes checked, or of `cov`, finite and semi-definite (tiny negatives 0)."
+    if (cov is None) == (eigen is None):
+        raise ValueError("give the covariance cov or its eigenbasis eigen=(lambda, U), not both")
+    if eigen is not None:
+        lam, U = (torch.as_tensor(v) for v in eigen)
+        if U.ndim != 2 or U.shape[0] != U.shape[1] or tuple(lam.shape) != (U.shape[0],):
+            raise ValueError(f"eigen must be (lambda, U) of shapes (D,), (D, D), got "
+                             f"{tuple(lam.shape)}, {tuple(U.shape)}")
+        return lam, U
     cov = torch.as_tensor(cov, dtype=dtype).detach().cpu()
     if cov.ndim != 2 or cov.shape[0] != cov.shape[1] or not torch.isfinite(cov).all():
         raise ValueError(f"cov must be a finite (D, D) matrix, got shape {tuple(cov.shape)}")
@@ -549,10 +557,7 @@ class GaussianDataReverse(ReverseModel):
                  event_shape=None,         # one example's shape; None: any shape of D values
                  covariance: str = 'diagonal',   # or 'eigen': eq-base-rev-eig
                  eigen=None):              # (lambda, U), Sigma's eigenbasis, instead of cov
-        if (cov is None) == (eigen is None):
-            raise ValueError("give the covariance cov or its eigenbasis eigen=(lambda, U), "
-                             "not both")
-        lam, U = _eigendecomposition(cov, dtype) if eigen is None else eigen
+        lam, U = _eigenbasis(cov, eigen, dtype)
         D = U.shape[0]
         super().__init__(d, (D,) if event_shape is None else event_shape)
         if covariance not in COVARIANCES:
