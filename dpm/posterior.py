@@ -525,7 +525,7 @@ def marginal_variances(lam, one_minus_alpha_bar):
     return lam + one_minus_alpha_bar * (1 - lam)
 
 def _eigenbasis(cov, eigen, dtype):
-    "(lambda, U): `eigen`, shapes checked, or of `cov`, finite and semi-definite (tiny negatives 0)."
+    "(lambda, U): `eigen`, shapes checked, or of `cov`, finite and semi-definite (negatives to 0)."
     if (cov is None) == (eigen is None):
         raise ValueError("give the covariance cov or its eigenbasis eigen=(lambda, U), not both")
     if eigen is not None:
