@@ -63,3 +63,43 @@ def test_every_module_is_in_the_book():
     "Every exported module comes from a notebook of _toc.yml."
     order, owner = set(chapters()), module_chapter()
     assert set(owner.values()) <= order, set(owner.values()) - order
+
+
+# --- the reader sees the model, not the page being written (tools/page_code.py) ---
+import importlib.util
+
+_spec = importlib.util.spec_from_file_location('page_code', ROOT / 'tools' / 'page_code.py')
+page_code = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(page_code)
+
+
+def _cell(source, tags=None):
+    return {'cell_type': 'code', 'metadata': {'tags': tags} if tags else {}, 'source': source,
+            'outputs': [], 'execution_count': None}
+
+
+def test_page_building_code_is_folded():
+    """Shown cells that build page text (glue, Markdown): under 5 % of the book's shown code lines,
+    and under half of every chapter's. Such code goes into a cell tagged hide-input."""
+    counts = page_code.book_counts()
+    assert len(counts) == len([c for c in chapters() if (ROOT / 'nbs' / f'{c}.ipynb').exists()])
+    shown = sum(s for s, _ in counts.values())
+    page = sum(p for _, p in counts.values())
+    assert page < 0.05 * shown, f"{page} of {shown} shown code lines build the page"
+    over = {nb: f"{p} of {s}" for nb, (s, p) in counts.items() if s and p >= s / 2}
+    assert not over, f"chapters whose shown code mostly builds the page: {over}"
+
+
+def test_the_count_sees_what_the_book_shows():
+    "Blank lines, folded and removed cells do not count; a chapter's own glue helper does."
+    cells = [_cell("#| hide\nfrom myst_nb import glue\ndef put(k, v): glue(k, v, display=False)\n"),
+             _cell("x = 1\n\ny = 2\n"),                                  # 2 shown lines
+             _cell("put('x', x)\n"),                                     # 1 shown, builds the page
+             _cell("glue('y', y, display=False)\n", tags=['hide-input']),
+             _cell("#| code-fold: true\nglue('z', 3, display=False)\n"),
+             _cell("#| echo: false\nMarkdown('a')\n"),
+             {'cell_type': 'markdown', 'metadata': {}, 'source': "glue('not code')"}]
+    assert page_code.count(cells) == (3, 1)
+    assert 'put' in page_code.page_names(cells)
+    cells[3]['metadata'] = {}                                            # unfolded: it counts
+    assert page_code.count(cells) == (4, 2)
