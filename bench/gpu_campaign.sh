@@ -14,8 +14,8 @@
 #    1b. With THROUGHPUT=1 (the default): each paper run's own training step alone on the GPU,
 #    before and after the faster step (eager and literal multi-scale sum against one CUDA graph and
 #    eq-net-msconv-fast; channels-last or not), steps/s, kernels and device-busy time per step
-#    (bench/gpu_throughput.py, results/gpu_throughput.json). Each convolutional run then trains in
-#    the memory format that measured faster (results/gpu_throughput.json's rows).
+#    (bench/gpu_throughput.py, results/gpu_throughput.json). Each run then trains with the step that
+#    measured fastest (graph or eager, channels-last or not), checkpointing once a minute.
 # 2. Every paper-scale run (bf16 autocast, its step replayed as one CUDA graph) CONTINUES from its
 #    committed files in results/<name>_gpu/weights (WEIGHTS= another folder): from its state pack
 #    <name>_gpu.state.bf16.NN.pt, if there is one (its last weights, weight average and Adam's
@@ -142,25 +142,30 @@ if [ "${THROUGHPUT:-1}" = 1 ]; then
   log "throughput exit $?"; tail -16 "$W/logs/throughput.log"
 fi
 
-extra=(--set amp=bf16 --set cuda_graph=true); [ "$DEV" = cpu ] && extra=()
+# a checkpoint a minute, not every 500 steps: at hundreds of steps a second, writing (and hashing)
+# the weights, the weight average and Adam's moments every 500 steps took most of a run's time
+extra=(--set amp=bf16 --set checkpoint_every=1000000000 --set checkpoint_minutes=1)
+[ "$DEV" = cpu ] && extra=()
 for kv in ${SETS:-}; do extra+=(--set "$kv"); done          # e.g. SETS="steps=80" in a dry run
-memory_format() {             # $1: mnist, ...: channels_last=true|false, as measured faster (1b)
+step_settings() {             # $1: mnist, ...: the step that measured fastest in 1b (graph, format)
   [ "$DEV" = cpu ] && return
   python - "$1" "$W/throughput.json" <<'PY'
 import json, sys
 name, path = sys.argv[1] + '_gpu', sys.argv[2]
+settings = dict(eager=('false', 'true'), eager_nchw=('false', 'false'), after=('true', 'true'),
+                after_nchw=('true', 'false'))                  # (cuda_graph, channels_last)
 try: rows = {r['variant']: r['steps_per_second'] for r in json.load(open(path))['rows']
-             if r['name'] == name}
+             if r['name'] == name and r['variant'] in settings}
 except (OSError, ValueError, KeyError): rows = {}
-nchw = rows.get('after_nchw', 0) > rows.get('after', float('inf'))
-print(f"--set channels_last={'false' if nchw else 'true'}")
+graph, last = settings[max(rows, key=rows.get)] if rows else ('true', 'true')
+print(f"--set cuda_graph={graph} --set channels_last={last}")
 PY
 }
 
 paper_train() {               # $1: mnist, dead_leaves, ...; $2: minutes of training at most
   local n=${1}_gpu dir="$W/paper/${1}_gpu" init=() shards rc state= extra_run
   # shellcheck disable=SC2207
-  extra_run=($(memory_format "$1"))
+  extra_run=($(step_settings "$1"))
   [ -z "${NO_STATE:-}" ] && state=$(ls "$WEIGHTS/$n/weights/$n".state.bf16.*.pt \
                                         "$WEIGHTS/$n".state.bf16.*.pt 2> /dev/null)
   if [ ! -f "$dir/checkpoint.pt" ] && [ -n "$state" ]; then

@@ -7,6 +7,7 @@ __all__ = ['TRAIN_KEYS', 'TRAIN_DEFAULTS', 'COMMON_KEYS', 'STORED_KEYS', 'ALPHA_
 
 # %% ../nbs/05_training.ipynb #4bdb2c1f
 import os, sys, math, time, copy, warnings, itertools, importlib
+from contextlib import contextmanager
 from dataclasses import dataclass, field, asdict, fields
 from pathlib import Path
 from typing import Optional
@@ -417,7 +418,9 @@ def _capture(self: GraphedStep):
     side = torch.cuda.Stream(st.device); side.wait_stream(torch.cuda.current_stream(st.device))
     try:
         with torch.cuda.stream(side):
-            for _ in range(GRAPH_WARMUP): st.opt.zero_grad(set_to_none=True); self._body()
+            for i in range(GRAPH_WARMUP):              # after the first: a host read raises here,
+                st.opt.zero_grad(set_to_none=True)     # where it is harmless, not in the capture
+                with _no_host_reads(i > 0): self._body()
     finally:
         torch.cuda.current_stream(st.device).wait_stream(side)
         _restore(st, keep)
@@ -426,7 +429,25 @@ def _capture(self: GraphedStep):
         g['capturable'] = True
     st.opt.zero_grad(set_to_none=True)                 # the graph's backward makes the gradients
     self.graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(self.graph): self.values, self.checks = self._body()
+    try:
+        with torch.cuda.graph(self.graph): self.values, self.checks = self._body()
+    except Exception:                                  # the generator thinks it is still capturing
+        _reset_generator(st.device, keep['rng']); raise
+
+@contextmanager
+def _no_host_reads(on: bool = True):
+    "Within, an operation that makes the host wait for the device raises (CUDA sync debug mode)."
+    before = torch.cuda.get_sync_debug_mode()
+    if on: torch.cuda.set_sync_debug_mode('error')
+    try: yield
+    finally: torch.cuda.set_sync_debug_mode(before)
+
+def _reset_generator(device, rng):
+    "The device's random generator out of a failed capture's state, at the random state `rng`."
+    gen = torch.cuda.default_generators[device.index if device.index is not None
+                                        else torch.cuda.current_device()]
+    if hasattr(gen, 'graphsafe_set_state'): gen.graphsafe_set_state(gen.clone_state())
+    torch.cuda.set_rng_state(rng, device)
 
 def _snapshot(st: _RunState) -> dict:
     "Copies of what a step changes: weights, optimiser, weight average, the device's random state."
