@@ -142,8 +142,8 @@ if [ "${THROUGHPUT:-1}" = 1 ]; then
   log "throughput exit $?"; tail -16 "$W/logs/throughput.log"
 fi
 
-# a checkpoint a minute, not every 500 steps: at hundreds of steps a second, writing (and hashing)
-# the weights, the weight average and Adam's moments every 500 steps took most of a run's time
+# a checkpoint a minute, not every 500 steps (under a second at the graph's rate: the weights, the
+# weight average and Adam's moments written and hashed about once a second for nothing)
 extra=(--set amp=bf16 --set checkpoint_every=1000000000 --set checkpoint_minutes=1)
 [ "$DEV" = cpu ] && extra=()
 for kv in ${SETS:-}; do extra+=(--set "$kv"); done          # e.g. SETS="steps=80" in a dry run
