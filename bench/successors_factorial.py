@@ -27,16 +27,18 @@ PLAN = (                     # (data, cells, schedule, fixes), in priority order
     ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple', 'eps-interp-hybrid'),
      'linear', False),
     ('mnist', ('eps-tilde-simple', 'eps-tilde-K', 'unet-eps-tilde-simple'), 'linear', False),
-    ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple', 'eps-interp-hybrid'),
-     'jump', True),
+    ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple'), 'jump', True),
     ('mnist', ('ref-learned-K', 'eps-interp-hybrid'), 'linear', False),
 )
+
+
+JUMP_SEEDS = 3                # the jump's demonstration: a demonstration, not a verdict
 
 
 def jobs(seeds):
     "Every job of PLAN, seeds outermost within a block: a stopped campaign has whole seeds."
     return [(data, cell, schedule, seed, fixes) for data, cells, schedule, fixes in PLAN
-            for seed in seeds for cell in cells]
+            for seed in (seeds[:JUMP_SEEDS] if schedule == 'jump' else seeds) for cell in cells]
 
 
 def claim(lock: Path) -> bool:

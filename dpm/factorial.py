@@ -150,7 +150,7 @@ STUDY_BUDGET = dict(     # training and evaluation of a data set's cells; effect
                     n_samples=scaled(2000, 100), unit='bits per point'),
     mnist=dict(steps=scaled(8000, 16), unet_steps=scaled(2000, 8), batch_size=64, lr=2e-3,
                lr_final=0.05, ema=scaled(0.995, 0.9), n_eval=scaled(100, 4), n_curve=scaled(25, 4),
-               n_samples=scaled(400, 130), unit='bits per pixel'))
+               n_samples=scaled(300, 130), unit='bits per pixel'))
 CURVE_POINTS = (1 / 8, 1 / 4, 1 / 2, 1)     # fractions of a cell's steps where K is scored
 
 # %% ../nbs/15b_factorial.ipynb #717bfec3
