@@ -3,13 +3,15 @@
 data set, cell, schedule and seed, written atomically; a record that exists is skipped, so the
 campaign resumes where it stopped.
 
-One campaign, one machine: the jobs are a list in priority order (the swiss roll's cells, then
-MNIST's, then the jump's demonstration, then the optional MNIST cells); each worker process claims
-the next job nobody has claimed (a lock file beside the records) and runs it on one thread, so that
-two workers share a 2-core machine:
+One campaign, one machine: the jobs are a list in priority order (the swiss roll's cells, the two
+MNIST cells of the U-Net's question, the jump's demonstration, MNIST's third cell, the optional
+MNIST cells); each worker process claims the next job nobody has claimed (a lock file beside the
+records) and runs it on one thread, so that two workers share a 2-core machine:
 
     for w in 1 2; do OMP_NUM_THREADS=1 nice -n 15 PYTHONPATH=. \\
         python bench/successors_factorial.py --worker & done
+    ... --data mnist                           # this worker only MNIST's jobs
+    touch results/successors/study/.stop       # every worker stops after its current job
     ... --list                                 # the jobs, and which are done
     ... --floors                               # the real data's and the Gaussian's sample measures
     DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
@@ -26,8 +28,9 @@ SEEDS = (0, 1, 2, 3, 4)
 PLAN = (                     # (data, cells, schedule, fixes), in priority order
     ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple', 'eps-interp-hybrid'),
      'linear', False),
-    ('mnist', ('eps-tilde-simple', 'eps-tilde-K', 'unet-eps-tilde-simple'), 'linear', False),
+    ('mnist', ('eps-tilde-simple', 'unet-eps-tilde-simple'), 'linear', False),
     ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple'), 'jump', True),
+    ('mnist', ('eps-tilde-K',), 'linear', False),
     ('mnist', ('ref-learned-K', 'eps-interp-hybrid'), 'linear', False),
 )
 
@@ -52,6 +55,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
     p.add_argument('--out', default=str(study_dir()))
     p.add_argument('--seeds', type=int, nargs='+', default=list(SEEDS))
+    p.add_argument('--data', nargs='+', default=list(STUDY_BUDGET), help='only these data sets')
     p.add_argument('--worker', action='store_true', help='run unclaimed jobs until none is left')
     p.add_argument('--list', action='store_true', help='print the jobs and stop')
     p.add_argument('--floors', action='store_true', help="write the floors' record and stop")
@@ -62,7 +66,7 @@ def main(argv=None):
         write_record({data: sample_floors(data, STUDY_BUDGET[data]['n_samples'])
                       for data in STUDY_BUDGET}, out / 'floors.json')
         return
-    todo = jobs(a.seeds)
+    todo = [job for job in jobs(a.seeds) if job[0] in a.data]
     if a.list or not a.worker:
         for data, cell, schedule, seed, _ in todo:
             done = (out / f'{data}-{cell}-{schedule}-seed{seed}.json').exists()
@@ -70,6 +74,7 @@ def main(argv=None):
         return
     for data, cell, schedule, seed, fixes in todo:
         name = f'{data}-{cell}-{schedule}-seed{seed}'
+        if (out / '.stop').exists(): break                 # stop between jobs when asked
         if (out / f'{name}.json').exists() or not claim(out / f'.{name}.lock'): continue
         t0 = time.perf_counter()
         try: r = run_cell(data, cell, seed, schedule, out, fixes)

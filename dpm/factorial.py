@@ -143,7 +143,7 @@ def raw(self: UNetTrunk, xt, t):
     z = self.readout(F.silu(self.norm(h)))
     return z.reshape(xt.shape[0], 2, *self.event_shape)
 
-# %% ../nbs/15b_factorial.ipynb #1a307fe0
+# %% ../nbs/15b_factorial.ipynb #1a897e58
 STUDY_BUDGET = dict(     # training and evaluation of a data set's cells; effects in bits
     swiss_roll=dict(steps=scaled(10_000, 60), batch_size=scaled(512, 64), lr=3e-3, lr_final=0.02,
                     ema=scaled(0.999, 0.9), n_eval=scaled(2000, 100), n_curve=scaled(500, 50),
