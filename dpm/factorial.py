@@ -46,7 +46,7 @@ def schedule_facts(betas) -> dict:
                 beta_2_over_beta_1=(b[1] / b[0]).item(),
                 alpha_bar_T=torch.prod(1 - b).item())
 
-# %% ../nbs/15b_factorial.ipynb #ea26d418
+# %% ../nbs/15b_factorial.ipynb #9cecd2d2
 CELLS = {           # name: (trunk, kernel, variance, loss)
     'ref-learned-K': ('book', 'reference', 'learned', 'K'),       # the 2015 model's
     'eps-tilde-K': ('book', 'eps_skip', 'beta_tilde', 'K'),
@@ -60,7 +60,8 @@ TRUNKS = dict(
                unet='a small U-Net (8, 16, 32 channels, attention at 7x7)'))
 
 def _check(data: str, cell: str = None):
-    if data not in DATA_SETS: raise ValueError(f"dpm: data must be one of {DATA_SETS}, got {data!r}")
+    if data not in DATA_SETS:
+        raise ValueError(f"dpm: data must be one of {DATA_SETS}, got {data!r}")
     if cell is not None and (cell not in CELLS or CELLS[cell][0] not in TRUNKS[data]):
         have = [c for c in CELLS if CELLS[c][0] in TRUNKS[data]]
         raise ValueError(f"dpm: no cell {cell!r} for {data}; the cells are {have}")
@@ -173,7 +174,7 @@ def make_trunk(data: str, trunk: str, d: GaussianDiffusion, cfg: dict) -> Revers
     from dpm.image_network import ImageReverse, network_kwargs
     return ImageReverse(d, (1, 28, 28), pathway='dense', **network_kwargs(cfg, 'dense'))
 
-# %% ../nbs/15b_factorial.ipynb #e9b9d227
+# %% ../nbs/15b_factorial.ipynb #1abdd53d
 @torch.no_grad()
 def sample_measures(data: str, cfg: dict, model: SuccessorReverse, heldout, n: int,
                     seed: int = 0) -> dict:
@@ -192,13 +193,15 @@ def sample_measures(data: str, cfg: dict, model: SuccessorReverse, heldout, n: i
     u = mnist_scaler(cfg['data_root']).inverse(x.double()).clamp(0, 1).reshape(n, -1)
     return digit_reference().score(u)                             # pixel values in [0, 1]
 
+# %% ../nbs/15b_factorial.ipynb #73f0eff8
 def sample_floors(data: str, n: int, seed: int = 0) -> dict:
     "The sample measure of the real held-out data (the floor) and of the data's Gaussian."
     _check(data)
     if data == 'mnist':
         from dpm.digit_classifier import digit_reference, reference_rows
         rows = reference_rows(digit_reference(), n, seed)
-        return dict(real=rows['real test digits (floor)'], gaussian=rows['full-covariance Gaussian'])
+        return dict(real=rows['real test digits (floor)'],
+                    gaussian=rows['full-covariance Gaussian'])
     from dpm.swiss_roll import true_log_likelihood
     cfg, _, _, heldout = study_setup(data, seed)
     x = heldout[:n].double()
@@ -209,7 +212,7 @@ def sample_floors(data: str, n: int, seed: int = 0) -> dict:
     return {k: dict(true_ll_bits=v.mean().item(), true_ll_bits_se=v.std().item() / math.sqrt(n),
                     n=n) for k, v in ll.items()}
 
-# %% ../nbs/15b_factorial.ipynb #eaadf6bf
+# %% ../nbs/15b_factorial.ipynb #adb9e91a
 def rounded(value, digits: int = 6):
     "Every float in nested dicts and lists to `digits` significant digits: a record's size."
     if isinstance(value, float): return float(f'{value:.{digits}g}')
@@ -217,6 +220,7 @@ def rounded(value, digits: int = 6):
     if isinstance(value, (list, tuple)): return [rounded(v, digits) for v in value]
     return value
 
+# %% ../nbs/15b_factorial.ipynb #009b5d69
 PACKED = 'z:'                 # the mark of a deflated array
 
 def pack_values(v) -> str:
@@ -229,7 +233,8 @@ def unpack_values(text: str) -> torch.Tensor:
     if not isinstance(text, str) or not text.startswith(PACKED):
         raise ValueError("dpm: not a packed array (no 'z:' mark)")
     try: data = zlib.decompress(base64.b64decode(text[len(PACKED):].encode(), validate=True))
-    except (ValueError, zlib.error) as e: raise ValueError(f"dpm: not a packed array: {e}") from None
+    except (ValueError, zlib.error) as e:
+        raise ValueError(f"dpm: not a packed array: {e}") from None
     if len(data) % 2: raise ValueError("dpm: not a packed array: odd number of bytes")
     raw, n = bytearray(data), len(data) // 2
     raw[1::2], raw[0::2] = data[:n], data[n:]                    # high bytes were written first
@@ -258,39 +263,44 @@ def _scores(model: SuccessorReverse, x, seed: int, scale: float, fixes: bool) ->
         out[name] = keep
     return out
 
-# %% ../nbs/15b_factorial.ipynb #979db427
+# %% ../nbs/15b_factorial.ipynb #cec25620
 def cell_steps(data: str, cell: str) -> int:
     "A cell's training steps: the data set's, or the U-Net's (about the same CPU time)."
     b = STUDY_BUDGET[data]
     return b['unet_steps'] if CELLS[cell][0] == 'unet' else b['steps']
 
+def _record(data: str, cell: str, seed: int, schedule: dict, b: dict, steps: int) -> dict:
+    "What a record says of itself: the cell, its forward process, its budget, the machine."
+    trunk, kernel, variance, loss = CELLS[cell]
+    return dict(data=data, cell=cell, seed=seed, trunk=trunk, trunk_is=TRUNKS[data][trunk],
+                kernel=kernel, variance=variance, loss=loss,
+                schedule=dict(name=schedule['name'], **schedule_facts(schedule['betas'])),
+                budget=dict(steps=steps, **{k: b[k] for k in ('batch_size', 'lr', 'lr_final',
+                                                               'ema')}),
+                sizes={k: b[k] for k in ('n_eval', 'n_curve', 'n_samples')}, unit=b['unit'],
+                small=small_scale(), machine=machine(), threads=torch.get_num_threads(),
+                started=time.strftime('%Y-%m-%d %H:%M:%S'))
+
+# %% ../nbs/15b_factorial.ipynb #975456a3
 def run_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear', out=None,
              fixes: bool = False, **sizes) -> dict:
     "Train one cell on a forward process and score it; its record, written to out if given."
     _check(data, cell)
     path = None if out is None else Path(out) / f'{data}-{cell}-{schedule}-seed{seed}.json'
     if path is not None and path.exists(): return json.loads(path.read_text())
-    trunk, kernel, variance, loss = CELLS[cell]
     s, b = study_schedule(schedule), {**STUDY_BUDGET[data], **sizes}
     steps = int(sizes.get('steps', cell_steps(data, cell)))
     cfg, _, train, heldout = study_setup(data, seed)
-    d = GaussianDiffusion(s['betas'])
     torch.manual_seed(seed)                             # one initial trunk per seed and trunk
-    model = SuccessorReverse(make_trunk(data, trunk, d, cfg), kernel, variance)
+    model = SuccessorReverse(make_trunk(data, CELLS[cell][0], GaussianDiffusion(s['betas']), cfg),
+                             *CELLS[cell][1:3])
     scale = 2.0 if data == 'swiss_roll' else 1.0        # bits per point there, per pixel here
-    rec = dict(data=data, cell=cell, seed=seed, trunk=trunk, trunk_is=TRUNKS[data][trunk],
-               kernel=kernel, variance=variance, loss=loss,
-               schedule=dict(name=schedule, **schedule_facts(s['betas'])),
-               budget=dict(steps=steps, **{k: b[k] for k in ('batch_size', 'lr', 'lr_final',
-                                                              'ema')}),
-               sizes={k: b[k] for k in ('n_eval', 'n_curve', 'n_samples')}, unit=b['unit'],
-               small=small_scale(), machine=machine(), threads=torch.get_num_threads(),
-               started=time.strftime('%Y-%m-%d %H:%M:%S'))
+    rec = _record(data, cell, seed, s, b, steps)
     points = sorted({max(1, round(f * steps)) for f in CURVE_POINTS})
     at = lambda m: dict(K_bits=_scores(m, heldout[:b['n_curve']], seed + 11, scale,
                                         False)['as_specified']['K_bits'])
-    try: r = train_budget(model, loss, train, steps, b['batch_size'], math.inf, b['lr'],
-                          b['lr_final'], b['ema'], seed, points, at)
+    try: r = train_budget(model, CELLS[cell][3], train, steps, b['batch_size'], math.inf,
+                          b['lr'], b['lr_final'], b['ema'], seed, points, at)
     except FloatingPointError as e: rec.update(failed=str(e), complete=False)  # diverged
     else:
         rec.update({k: r[k] for k in ('steps', 'cpu_seconds', 'cpu_per_step', 'train_seconds',
@@ -317,7 +327,7 @@ def read_records(directory=None, schedule: str = 'linear') -> dict:
     return {data: {c: sorted(v, key=lambda r: r['seed']) for c, v in cells.items()}
             for data, cells in out.items()}
 
-# %% ../nbs/15b_factorial.ipynb #a413aa80
+# %% ../nbs/15b_factorial.ipynb #ea74209c
 EFFECT = dict(swiss_roll=0.05, mnist=0.01)   # the least difference in K a verdict needs
 ALPHA, MIN_SEEDS = 0.01, 5                   # p below ALPHA, at least MIN_SEEDS seeds
 
@@ -339,14 +349,15 @@ def verdict(test: dict, effect: float, shares: dict = None, alpha: float = ALPHA
     t = T in `shares`) as large as half of |diff|."""
     if not effect > 0: raise ValueError(f"dpm: effect must be positive, got {effect}")
     d = test['diff']
-    if test['seeds'] < min_seeds: return 'no verdict', f"{test['seeds']} seeds, fewer than {min_seeds}"
+    if test['seeds'] < min_seeds:
+        return 'no verdict', f"{test['seeds']} seeds, fewer than {min_seeds}"
     if not test['p'] < alpha: return 'no verdict', f"p ≥ {alpha}"
     if abs(d) < effect: return 'no verdict', f"smaller than the effect size {effect:g}"
     for step, share in (shares or {}).items():
         if abs(share) >= abs(d) / 2: return 'no verdict', f"{step} carries half or more"
     return ('higher' if d > 0 else 'lower'), ''
 
-# %% ../nbs/15b_factorial.ipynb #d7ac7258
+# %% ../nbs/15b_factorial.ipynb #32d369e7
 def _same_examples(ra: dict, rb: dict):
     for key in ('data', 'sizes'):
         if ra[key] != rb[key]:
@@ -365,6 +376,7 @@ def per_seed(recs_a: list, recs_b: list, part: str = 'K', variant: str = 'as_spe
         out[ra['seed']] = paired(a, b)[0]
     return out
 
+# %% ../nbs/15b_factorial.ipynb #afe97e61
 def curve_at(rec: dict, x: float, axis: str = 'cpu_seconds') -> float:
     "K on a record's curve at `x` CPU seconds (or steps), linear in log x; nan off the curve."
     pts = [(math.log(p[axis]), p['K_bits']) for p in rec['curve'] if p[axis] > 0]
@@ -385,7 +397,7 @@ def curve_difference(recs_a: list, recs_b: list, axis: str = 'cpu_seconds') -> d
         if math.isfinite(diff): out[ra['seed']] = diff
     return out
 
-# %% ../nbs/15b_factorial.ipynb #b874f196
+# %% ../nbs/15b_factorial.ipynb #1bea2bf6
 SAMPLE_MEASURE = dict(        # key, the better direction, the least difference a verdict needs
     swiss_roll=dict(key='true_ll_bits', higher_better=True, effect=0.05),
     mnist=dict(key='frechet', higher_better=False, effect=25.0))
@@ -401,6 +413,7 @@ def draws_the_data(data: str, recs: list, floors: dict) -> bool:
     mid = (floors['real']['true_ll_bits'] + floors['gaussian']['true_ll_bits']) / 2
     return sum(x['true_ll_bits'] for x in s) / len(s) > mid
 
+# %% ../nbs/15b_factorial.ipynb #3caee861
 def compare(data: str, recs_a: list, recs_b: list, floors: dict) -> dict:
     "Cell a against cell b: K whole with its end-step shares, at equal time, and the samples."
     k = seed_test(per_seed(recs_a, recs_b).values())
