@@ -327,7 +327,7 @@ def read_records(directory=None, schedule: str = 'linear') -> dict:
     return {data: {c: sorted(v, key=lambda r: r['seed']) for c, v in cells.items()}
             for data, cells in out.items()}
 
-# %% ../nbs/15b_factorial.ipynb #3c516eb9
+# %% ../nbs/15b_factorial.ipynb #698bdc4e
 EFFECT = dict(swiss_roll=0.05, mnist=0.01)   # the least difference in K a verdict needs
 ALPHA, MIN_SEEDS = 0.01, 5                   # p below ALPHA, at least MIN_SEEDS seeds
 
@@ -350,7 +350,8 @@ def verdict(test: dict, effect: float, shares: dict = None, alpha: float = ALPHA
     if not effect > 0: raise ValueError(f"dpm: effect must be positive, got {effect}")
     d = test['diff']
     if test['seeds'] < min_seeds:
-        return 'no verdict', f"{test['seeds']} seed{'s' * (test['seeds'] != 1)}, fewer than {min_seeds}"
+        seeds = f"{test['seeds']} seed{'s' * (test['seeds'] != 1)}"
+        return 'no verdict', f"{seeds}, fewer than {min_seeds}"
     if not test['p'] < alpha: return 'no verdict', f"p ≥ {alpha}"
     if abs(d) < effect: return 'no verdict', f"smaller than the effect size {effect:g}"
     for step, share in (shares or {}).items():
