@@ -12,11 +12,18 @@ ROOT = Path(__file__).parent
 # training. They are copied into the build, not kept twice in git; the other image models stay in
 # the repository.
 PACKAGED_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt', 'mnist.pt', 'digit_classifier.pt']
+# and the paper-scale MNIST model of the GPU campaign, as its committed pack of bfloat16 shards
+# (chapter A3: NAME.bf16.NN.pt), which `dpm sample mnist_gpu` reads on a CPU
+PACKAGED_PACKS = ['mnist_gpu']
 
 
 def packaged_models():
     models = sorted(p for pat in PACKAGED_MODELS for p in (ROOT / 'results' / 'models').glob(pat))
     if not models: raise SystemExit(f'setup.py: no models {PACKAGED_MODELS} in results/models')
+    for name in PACKAGED_PACKS:
+        shards = sorted((ROOT / 'results' / name / 'weights').glob(f'{name}.bf16.*.pt'))
+        if not shards: raise SystemExit(f'setup.py: no pack {name}.bf16.NN.pt in results/{name}')
+        models += shards
     return models
 
 

@@ -3,20 +3,26 @@
 #
 #   OUT=/tmp/out bash bench/gpu_campaign.sh          # on a GPU machine, from the repository root
 #   INSTALL_ONLY=1 OUT=/tmp/out bash bench/gpu_campaign.sh   # put a returned OUT into results/
-#   DEV=cpu DPM_SMALL=1 SCALE_MIN=0.05 TESTS=0 PAPER=mnist OUT=/tmp/camp bash bench/gpu_campaign.sh
-#                                                    # dry run of every step on a CPU; again
-#   with WEIGHTS=/tmp/camp/paper W=/tmp/w2 SETS=steps=80 OUT=/tmp/camp2: a warm restart from it
+#   DEV=cpu DPM_SMALL=1 SCALE_MIN=0.05 TESTS=0 PAPER="mnist dead_leaves" SETS=steps=100000 \
+#     OUT=/tmp/camp bash bench/gpu_campaign.sh       # dry run of every step on a CPU; then, after
+#   (cd /tmp/cw && for b in /tmp/camp/paper/bundle_*.tar; do tar xf $b; done), the same with
+#   WEIGHTS=/tmp/cw W=/tmp/w2 OUT=/tmp/camp2: dead leaves resumes from its state pack, MNIST
+#   (whose state is over STATE_MB=0.1 there) warm-restarts from its model pack
 #
 # 1. The image bench alone on the GPU (at most 60 s): dpm's training step against the plain
 #    PyTorch twin, CIFAR-10 network, batch 128, fp32 and bf16 (results/bench_images.json).
-#    1b. With THROUGHPUT=1: each paper run's own training step alone on the GPU, 8 s each after a
-#    warm-up (bench/gpu_throughput.py, results/gpu_throughput.json), to set beside the rates the
-#    runs get all at once (their training.json). Measured once; off by default since.
-# 2. Every paper-scale run (bf16 autocast, channels_last) CONTINUES from its committed weights,
-#    results/<name>_gpu/weights/<name>_gpu.bf16.NN.pt (WEIGHTS= another folder), unpacked by
-#    bench/weights.py and passed as `dpm train --init`: a warm restart (chapter 05; the record sums
-#    steps and time over the GPU runs and lists the restarts), unless its work folder has a
-#    checkpoint (then it resumes). If the weights do not fit the configuration, or were trained on
+#    1b. With THROUGHPUT=1 (the default): each paper run's own training step alone on the GPU,
+#    before and after the faster step (eager and literal multi-scale sum against one CUDA graph and
+#    eq-net-msconv-fast; channels-last or not), steps/s, kernels and device-busy time per step
+#    (bench/gpu_throughput.py, results/gpu_throughput.json). Each run then trains with the step that
+#    measured fastest (graph or eager, channels-last or not), checkpointing once a minute.
+# 2. Every paper-scale run (bf16 autocast, its step replayed as one CUDA graph) CONTINUES from its
+#    committed files in results/<name>_gpu/weights (WEIGHTS= another folder): from its state pack
+#    <name>_gpu.state.bf16.NN.pt, if there is one (its last weights, weight average and Adam's
+#    moments, written back as a checkpoint by `bench/weights.py resume`: the run resumes the
+#    optimisation), else from its model pack <name>_gpu.bf16.NN.pt passed as `dpm train --init`
+#    (a warm restart with a fresh optimiser, chapter 05). The record sums steps and time over the
+#    GPU runs and lists each restart. If the files do not fit the configuration, or were trained on
 #    other training data, the run says so and starts afresh.
 # 3a. The runs in ALONE (default: mnist) train alone on the GPU, one after another, in two parts:
 #    CURVE_MIN minutes, then (after a checkpoint) up to GPU_MIN_ALONE minutes in all. The model of
@@ -25,10 +31,14 @@
 # 3b. The CUDA test suite (OMP_NUM_THREADS=4), the final evaluation of the runs of 3a, and the other
 #    runs of PAPER together, each trained for at most GPU_MIN minutes and then evaluated (at most
 #    EVAL_S each), but only if the deadline leaves them a minute of training.
-# 4. Pack: the new weights in bf16 shards under the same names (bench/weights.py), the records and
-#    logs in one archive, all under OUT (at most 8 files come back). INSTALL=1 (the default for a
-#    full-scale GPU run) also puts them into results/, ready to commit: the shards replace the old,
-#    and the record they replace is kept as a point of the curve.
+# 4. Pack: the new weights in bf16 shards under the same names (bench/weights.py), and the state of
+#    each run that has steps to go if its pack is at most STATE_MB MiB (default 16: the convolutional
+#    runs; MNIST and CIFAR-10's larger states would add tens of MB to the repository per run, so
+#    they warm-restart instead); the shards in tar bundles of at most 15 MiB (at most 8 files come
+#    back), the records and logs in one archive, all under OUT. INSTALL=1 (the default for a
+#    full-scale GPU run) also puts them into results/, ready to commit: the shards replace the old
+#    (a state pack not renewed is removed: it would be stale), and the record they replace is kept
+#    as a point of the curve.
 set -u
 cd "$(dirname "$0")/.."
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DPM_SMALL=${DPM_SMALL:-0}
@@ -38,7 +48,8 @@ DEADLINE=${DEADLINE_S:-540}                            # the whole campaign, wal
 GPU_MIN=${GPU_MIN:-$(python -c "print(round(6.0 * $S, 3))")}     # training minutes of each paper run, at most
 BENCH_S=$(python -c "print(int(35 * $S) + 5)")         # the bench's own budget; killed after 60 s
 EVAL_S=${EVAL_S:-150}; PACK_S=${PACK_S:-30}            # evaluation at most; kept for packing
-START_S=${START_S:-40}; EVAL_KEEP=${EVAL_KEEP:-150}     # a run's start-up; kept for evaluating (4 at once: 105+ s)
+START_S=${START_S:-30}; EVAL_KEEP=${EVAL_KEEP:-120}     # a run's start-up; kept for evaluating (3 at once)
+STATE_MB=${STATE_MB:-16}                               # the largest state pack kept (MiB)
 PAPER=${PAPER:-"mnist dead_leaves bark cifar10"}      # in order of value: MNIST first
 ALONE=${ALONE-mnist}                                   # of those, the ones that train alone first
 GPU_MIN_ALONE=${GPU_MIN_ALONE:-$(python -c "print(round(6.0 * $S, 3))")}  # minutes, both parts
@@ -55,6 +66,18 @@ pack() {                      # also on its own, after a run cut short: PACK_ONL
   rm -rf "$OUT/paper" "$OUT/records.tgz"; mkdir -p "$OUT/paper"
   models=("$W"/paper/*_gpu/model.pt)
   [ -f "${models[0]}" ] && python bench/weights.py pack "$OUT/paper" "${models[@]}"
+  for ck in "$W"/paper/*_gpu/checkpoint.pt; do             # the state of a run with steps to go
+    local d n; d=$(dirname "$ck"); n=$(basename "$d")
+    [ -f "$ck" ] && [ -f "$d/training.json" ] || continue
+    python -c "import json, sys; sys.exit(json.load(open('$d/training.json'))['completed'])" \
+      || { log "state of $n: not kept (complete)"; continue; }
+    python bench/weights.py pack --state "$OUT/paper" "$ck" || continue
+    if ! python -c "import os, sys; sys.exit(sum(map(os.path.getsize, sys.argv[2:])) > \
+        float(sys.argv[1]) * 2 ** 20)" "$STATE_MB" "$OUT/paper/$n".state.bf16.*.pt; then
+      rm -f "$OUT/paper/$n".state.bf16.*.pt
+      log "state of $n: over STATE_MB=$STATE_MB MiB, not kept (the next run warm-restarts)"; fi
+  done
+  python bench/weights.py bundle "$OUT/paper"
   (cd "$W" && tar czf "$OUT/records.tgz" --exclude='*.pt' --exclude='*.tmp' --exclude='.lock' \
      paper logs bench_images.json throughput.json 2>/dev/null)
   ls -la "$OUT" "$OUT/paper"; du -sh "$OUT"
@@ -69,14 +92,19 @@ keep_point() {                # $1: a record.json -> $2/curve/step_<its steps>.j
 install() {                   # OUT -> results/: complete runs only (model and evaluation)
   log "install into results/"
   local tmp; tmp=$(mktemp -d); tar xzf "$OUT/records.tgz" -C "$tmp" || return 1
+  local shards="$tmp/shards"; mkdir -p "$shards"
+  for b in "$OUT"/paper/bundle_*.tar; do [ -f "$b" ] && tar xf "$b" -C "$shards"; done
+  cp "$OUT"/paper/*.bf16.*.pt "$shards/" 2> /dev/null                   # shards not bundled
   for d in "$tmp"/paper/*_gpu; do
     local n; n=$(basename "$d")
-    if [ ! -f "$d/record.json" ] || ! ls "$OUT/paper/$n".bf16.*.pt > /dev/null 2>&1; then
+    if [ ! -f "$d/record.json" ] || ! ls "$shards/$n".bf16.*.pt > /dev/null 2>&1; then
       log "install: $n has no new weights or no record (evaluation cut?): left out"; continue
     fi
     keep_point "results/$n/record.json" "results/$n"
     mkdir -p "results/$n/weights"; rm -f "results/$n/weights/$n".bf16.*.pt
-    cp "$OUT/paper/$n".bf16.*.pt "results/$n/weights/"
+    rm -f "results/$n/weights/$n".state.bf16.*.pt                    # stale unless renewed
+    cp "$shards/$n".bf16.*.pt "results/$n/weights/"
+    cp "$shards/$n".state.bf16.*.pt "results/$n/weights/" 2> /dev/null
     cp "$d"/*.json "results/$n/"; cp "$d"/*.png "results/$n/" 2> /dev/null
     log "install: $n: $(python bench/weights.py summary "$d/training.json")"
   done
@@ -105,20 +133,45 @@ timeout 60 python bench/bench_images.py --device "$DEV" --archs cifar10 --batch 
   --modes $modes --budget "$BENCH_S" --out "$W/bench_images.json" > "$W/logs/bench.log" 2>&1
 log "bench exit $?"; tail -4 "$W/logs/bench.log"
 
-if [ "${THROUGHPUT:-0}" = 1 ]; then
-  log "1b. each paper run's training step alone on the device (bench/gpu_throughput.py)"
+if [ "${THROUGHPUT:-1}" = 1 ]; then
+  log "1b. each paper run's training step alone on the device, before and after (gpu_throughput.py)"
   tp_names=$(for e in $PAPER; do printf '%s_gpu ' "$e"; done)
-  timeout "${THROUGHPUT_S:-75}" python bench/gpu_throughput.py $tp_names --device "$DEV" \
-    --seconds "$(python -c "print(max(1, round(8 * $S, 1)))")" --warmup 2 \
+  timeout "${THROUGHPUT_S:-130}" python bench/gpu_throughput.py $tp_names --device "$DEV" \
+    --seconds "$(python -c "print(max(0.5, round(2.5 * $S, 1)))")" \
     --out "$W/throughput.json" > "$W/logs/throughput.log" 2>&1
-  log "throughput exit $?"; tail -4 "$W/logs/throughput.log"
+  log "throughput exit $?"; tail -16 "$W/logs/throughput.log"
 fi
 
-extra=(--set amp=bf16 --set channels_last=true); [ "$DEV" = cpu ] && extra=()
+# a checkpoint a minute, not every 500 steps (under a second at the graph's rate: the weights, the
+# weight average and Adam's moments written and hashed about once a second for nothing)
+extra=(--set amp=bf16 --set checkpoint_every=1000000000 --set checkpoint_minutes=1)
+[ "$DEV" = cpu ] && extra=()
 for kv in ${SETS:-}; do extra+=(--set "$kv"); done          # e.g. SETS="steps=80" in a dry run
+step_settings() {             # $1: mnist, ...: the step that measured fastest in 1b (graph, format)
+  [ "$DEV" = cpu ] && return
+  python - "$1" "$W/throughput.json" <<'PY'
+import json, sys
+name, path = sys.argv[1] + '_gpu', sys.argv[2]
+settings = dict(eager=('false', 'true'), eager_nchw=('false', 'false'), after=('true', 'true'),
+                after_nchw=('true', 'false'))                  # (cuda_graph, channels_last)
+try: rows = {r['variant']: r['steps_per_second'] for r in json.load(open(path))['rows']
+             if r['name'] == name and r['variant'] in settings}
+except (OSError, ValueError, KeyError): rows = {}
+graph, last = settings[max(rows, key=rows.get)] if rows else ('true', 'true')
+print(f"--set cuda_graph={graph} --set channels_last={last}")
+PY
+}
 
 paper_train() {               # $1: mnist, dead_leaves, ...; $2: minutes of training at most
-  local n=${1}_gpu dir="$W/paper/${1}_gpu" init=() shards rc
+  local n=${1}_gpu dir="$W/paper/${1}_gpu" init=() shards rc state= extra_run
+  # shellcheck disable=SC2207
+  extra_run=($(step_settings "$1"))
+  [ -z "${NO_STATE:-}" ] && state=$(ls "$WEIGHTS/$n/weights/$n".state.bf16.*.pt \
+                                        "$WEIGHTS/$n".state.bf16.*.pt 2> /dev/null)
+  if [ ! -f "$dir/checkpoint.pt" ] && [ -n "$state" ]; then
+    python bench/weights.py resume "$dir/checkpoint.pt" $state \
+      || echo "the state pack of $n cannot be read: a warm restart from its model instead"
+  fi
   if [ -f "$dir/checkpoint.pt" ]; then echo "resuming from $dir/checkpoint.pt"
   else
     shards=$(ls "$WEIGHTS/$n/weights/$n".bf16.*.pt "$WEIGHTS/$n".bf16.*.pt 2> /dev/null)
@@ -130,9 +183,15 @@ paper_train() {               # $1: mnist, dead_leaves, ...; $2: minutes of trai
   train() {
     [ "$(left)" -lt 30 ] && { echo "no time left to train $n"; return 124; }
     timeout "$(left)" python -m dpm train "$n" --out "$dir" --device "$DEV" --no-progress \
-      "${extra[@]}" --set eval_every=0 --set n_eval=200 --set max_minutes="$2" "${@:3}"
+      "${extra[@]}" "${extra_run[@]}" --set eval_every=0 --set n_eval=200 --set max_minutes="$2" \
+      "${@:3}"
   }
   train "$1" "$2" "${init[@]}" 2> "$W/paper_$1.err"; rc=$?; cat "$W/paper_$1.err"
+  if [ $rc != 0 ] && [ -n "$state" ] && [ ${#init[@]} = 0 ] && grep -q -e 'another configuration' \
+      -e 'does not fit' "$W/paper_$1.err"; then
+    echo "the state pack of $n does not fit this configuration: a warm restart from its model"
+    rm -f "$dir/checkpoint.pt"; NO_STATE=1 paper_train "$1" "$2"; return
+  fi
   if [ $rc != 0 ] && [ ${#init[@]} -gt 0 ] && [ ! -f "$dir/checkpoint.pt" ] && grep -q \
       -e 'another configuration' -e 'different model' -e 'other types' -e 'other training data' \
       "$W/paper_$1.err"; then
@@ -169,26 +228,29 @@ print(r['steps'], int(r['completed']))")
   [ -n "$pid" ] && wait "$pid"                            # (a bare `wait` would wait for tee)
 }
 
-# 3a. The runs in ALONE (default: mnist), one after another, alone on the device. The dense MNIST
-#     network is launch-bound: 108.8 steps/s alone, 66.3 beside the three convolutional runs
-#     (results/gpu_throughput.json; the earlier campaign run's training.json), so alone it reaches
-#     its 50,000 steps within one GPU run, and a curve point comes with it.
+# 3a. The runs in ALONE (default: mnist), one after another, the only training on the device. The
+#     dense MNIST network was launch-bound (108.8 steps/s alone, 66.3 beside the three convolutional
+#     runs); replayed as one CUDA graph it is bound by the device, and alone it reaches its budget
+#     in one GPU run, with a curve point on the way. The CUDA tests run beside it (they use the
+#     host's cores far more than the device).
+pids=()                                                   # (a bare `wait` would wait for tee)
+tests_s=$(( $(left) < 300 ? $(left) : 300 ))
+if [ "${TESTS:-1}" = 1 ] && [ $tests_s -gt 30 ]; then
+  log "CUDA tests (at most $tests_s s, beside the training)"
+  OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout "$tests_s" python -m pytest -q -p no:cacheprovider \
+    tests/test_fast_step.py tests/test_contract.py tests/test_posterior.py \
+    tests/test_training_hardening.py tests/test_image_network.py \
+    > "$W/logs/pytest_cuda.log" 2>&1 & pids+=($!)
+fi
 log "3a. alone on the device: ${ALONE:-none} (at most $GPU_MIN_ALONE min each, first part $CURVE_MIN)"
 for e in $ALONE; do alone_run "$e" > "$W/logs/paper_$e.log" 2>&1; done
-# 3b. The CUDA tests, the final evaluations of 3a and the other runs, concurrently; the others only
-#     if the deadline leaves them a minute of training beside their start-up and evaluation.
+# 3b. The final evaluations of 3a and the other runs, concurrently; the others only if the
+#     deadline leaves them a minute of training beside their start-up and evaluation.
 REST=$(for e in $PAPER; do [[ " $ALONE " == *" $e "* ]] || printf '%s ' "$e"; done)
 TRAIN_MIN=$(python -c "print(round(min($GPU_MIN, ($(left) - $START_S - $EVAL_KEEP) / 60), 3))")
 if python -c "import sys; sys.exit($TRAIN_MIN < 1 * $S)"; then RUN_REST=1; else RUN_REST=0; fi
-log "3b. CUDA tests, evaluations of ${ALONE:-none}; paper-scale runs: $([ $RUN_REST = 1 ] && \
+log "3b. evaluations of ${ALONE:-none}; paper-scale runs: $([ $RUN_REST = 1 ] && \
   echo "${REST:-none} ($TRAIN_MIN min of training each)" || echo "none (no time left)")"
-tests_s=$(( $(left) < 300 ? $(left) : 300 ))
-pids=()                                                   # (a bare `wait` would wait for tee)
-if [ "${TESTS:-1}" = 1 ] && [ $tests_s -gt 30 ]; then
-  OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout "$tests_s" python -m pytest -q -p no:cacheprovider \
-    tests/test_contract.py tests/test_posterior.py tests/test_training_hardening.py \
-    tests/test_image_network.py > "$W/logs/pytest_cuda.log" 2>&1 & pids+=($!)
-fi
 for e in $ALONE; do
   [ -f "$W/paper/${e}_gpu/model.pt" ] && { paper_eval "$e" "$W/paper/${e}_gpu" \
     >> "$W/logs/paper_$e.log" 2>&1 & pids+=($!); }

@@ -1,150 +1,118 @@
 #!/usr/bin/env python
-"""Model files small enough to leave a GPU machine and to commit: the large weight tensors of a
-`model.pt` in bfloat16 (float32 tensors of at least 65,536 elements; the small ones, such as the
-schedule, the data's shift and scale and the biases, the eigenbasis of a linear path, '.lin_', and
-integer or float64 tensors stay exact), split into shards of at most 15 MiB, and put back together
-as a loadable `model.pt` (float32 again, the record and configuration unchanged).
+"""Packs of the GPU campaign from the command line: dpm.checkpoints' bfloat16 shards (chapter A3) of
+a run's model file, and of its training checkpoint (its state: last weights, weight average, Adam's
+moments), so that the next GPU run resumes the optimisation instead of restarting it.
 
-    python bench/weights.py pack OUTDIR results/x_gpu/model.pt ...   # OUTDIR/x_gpu.bf16.NN.pt
+    python bench/weights.py pack OUTDIR results/x_gpu/model.pt ...     # OUTDIR/x_gpu.bf16.NN.pt
+    python bench/weights.py pack --state OUTDIR W/x_gpu/checkpoint.pt  # OUTDIR/x_gpu.state.bf16.NN.pt
     python bench/weights.py unpack /tmp/x_gpu/model.pt results/x_gpu/weights/x_gpu.bf16.*.pt
-    python bench/weights.py summary results/x_gpu/training.json      # steps, minutes, runs
+    python bench/weights.py resume W/x_gpu/checkpoint.pt results/x_gpu/weights/x_gpu.state.bf16.*.pt
+    python bench/weights.py bundle OUTDIR                               # OUTDIR/bundle_NN.tar
+    python bench/weights.py summary results/x_gpu/training.json       # steps, minutes, runs
 
-A shard is a small torch file: the model's name, the shard's number, how many there are, the
-sha256 of the whole packed file and its bytes. `unpack` refuses, in one line, shards of different
-models or packs, a missing or repeated number, and bytes that do not match the sha256. Shards of
-the first campaign (raw byte slices, no header) are still read, in the order of their numbers.
+`unpack` writes the model file the shards pack (float32 again; the record and configuration
+unchanged); `resume` writes the training checkpoint a state pack holds, for `dpm train` to resume,
+and lists the round trip through bfloat16 among the run's restarts (its step, the pack's sha256,
+`optimiser: kept`), so the record counts the GPU runs. Shards that are not one complete pack of
+one file are refused in one line. `bundle` puts the shards of a folder into as few tar files of at
+most 16 MiB as it can (a GPU machine returns at most 8 files): `tar xf` gives them back.
 """
-import argparse, hashlib, io, re, sys
+import argparse, hashlib, sys, tarfile
 from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import torch
-
-SHARD = 15 * 2 ** 20                 # bytes of model per shard: a GPU machine returns 16 MiB files
-EXACT_BELOW = 65_536                 # float32 tensors with fewer elements stay float32
-FORMAT = 'dpm-shard-1'
-NAME = re.compile(r'(?P<name>.+)\.bf16\.(?P<index>[0-9]{2,})\.pt')
+from dpm.checkpoints import (CheckpointError, EXACT_BELOW, SHARD_BYTES, atomic_save, pack_shards,
+                             read_checkpoint, read_shards, unpack_shards)
 
 
-class ShardError(ValueError):
-    "Shards that do not make one model file."
-
-
-def _packed(path, exact_below: int = EXACT_BELOW):
-    "The model file at `path`, its large float32 tensors (not '.lin_') in bfloat16: (bytes, keys)."
-    from dpm.training import load_checkpoint
-    ck = load_checkpoint(path)
-    if ck.get('kind') != 'model':
-        raise ShardError(f"{path} is a training checkpoint, not a model file (model.pt)")
-    keys = [k for k, v in ck['model'].items()
-            if v.dtype == torch.float32 and '.lin_' not in k and v.numel() >= exact_below]
-    ck = {**ck, 'model': {k: v.bfloat16() if k in keys else v for k, v in ck['model'].items()},
-          'bf16_keys': keys}
-    buf = io.BytesIO(); torch.save(ck, buf)
-    return buf.getvalue(), keys
-
-
-def pack(out_dir, paths, shard: int = SHARD, exact_below: int = EXACT_BELOW) -> list:
-    "Write OUTDIR/<dir of model>.bf16.NN.pt for every model file; the paths written."
-    out_dir, written = Path(out_dir), []
-    out_dir.mkdir(parents=True, exist_ok=True)
+def pack(out_dir, paths, shard: int = SHARD_BYTES, exact_below: int = EXACT_BELOW,
+         state: bool = False) -> list:
+    "OUTDIR/<folder of the file>[.state].bf16.NN.pt for every model file (checkpoint: state)."
+    written = []
     for path in map(Path, paths):
-        raw, keys = _packed(path, exact_below)
-        name, n = path.parent.name, (len(raw) + shard - 1) // shard
-        sha = hashlib.sha256(raw).hexdigest()
-        for old in out_dir.glob(f'{name}.bf16.*.pt'): old.unlink()        # no stale shards left
-        for i in range(n):
-            part = torch.frombuffer(bytearray(raw[i * shard:(i + 1) * shard]), dtype=torch.uint8)
-            target = out_dir / f'{name}.bf16.{i:02d}.pt'
-            torch.save(dict(format=FORMAT, name=name, index=i, count=n, sha256=sha, data=part),
-                       target)
-            written.append(target)
-        print(f"{path}: {len(raw) / 2 ** 20:.1f} MiB ({len(keys)} tensors in bf16) in {n} shard(s)")
+        kind = read_checkpoint(path).get('kind', 'training')
+        if kind != ('training' if state else 'model'):
+            raise CheckpointError(f"{path} is a {'model file' if state else 'training checkpoint'}"
+                                  f", not a {'training checkpoint' if state else 'model file'}")
+        name = path.parent.name + ('.state' if state else '')
+        parts = pack_shards(path, out_dir, name, exact_below, shard)
+        size = sum(p.stat().st_size for p in parts)
+        print(f"{path}: {size / 2 ** 20:.1f} MiB in {len(parts)} shard(s) {name}.bf16.NN.pt")
+        written += parts
     return written
 
 
-def _read(path):
-    "A shard's header and bytes, or None for a raw slice of the first campaign."
-    try: obj = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception: return None
-    return obj if isinstance(obj, dict) and obj.get('format') == FORMAT else None
-
-
-def _joined(shards) -> bytes:
-    "The packed file the shards make, every header checked against the others."
-    paths = sorted(map(Path, shards))
-    if not paths: raise ShardError("no shards given")
-    heads = [_read(p) for p in paths]
-    if all(h is None for h in heads): return _legacy(paths)
-    if any(h is None for h in heads):
-        raise ShardError(f"{paths[heads.index(None)]} is not a shard of this pack (no header)")
-    who = {(h['name'], h['sha256'], h['count']) for h in heads}
-    if len(who) > 1:
-        raise ShardError("the shards belong to different models or packs: " + ', '.join(
-            f"{p.name} ({h['name']}, {h['sha256'][:12]})" for p, h in zip(paths, heads)))
-    (name, sha, count), = who
-    have = sorted(h['index'] for h in heads)
-    if len(set(have)) < len(have):
-        raise ShardError(f"{name}: shard {max(have, key=have.count):02d} given twice")
-    if have != list(range(count)):
-        missing = ', '.join(f'{i:02d}' for i in sorted(set(range(count)) - set(have)))
-        raise ShardError(f"{name}: shard(s) {missing} of {count} missing "
-                         f"(have {', '.join(f'{i:02d}' for i in have)})")
-    raw = b''.join(bytes(h['data'].numpy()) for h in sorted(heads, key=lambda h: h['index']))
-    if hashlib.sha256(raw).hexdigest() != sha:
-        raise ShardError(f"{name}: the shards' bytes do not match their sha256 (corrupt)")
-    return raw
-
-
-def _legacy(paths) -> bytes:
-    "Raw byte slices (the first campaign): names x.bf16.00.pt, 01, ... of one model, none missing."
-    m = [NAME.fullmatch(p.name) for p in paths]
-    if not all(m): raise ShardError(f"{paths[m.index(None)]} is not named NAME.bf16.NN.pt")
-    names = {x['name'] for x in m}
-    if len(names) > 1: raise ShardError(f"the shards belong to different models: {sorted(names)}")
-    have = sorted(int(x['index']) for x in m)
-    if have != list(range(len(have))):
-        raise ShardError(f"{names.pop()}: shard numbers {have} are not 00, 01, ... without a gap")
-    order = sorted(zip((int(x['index']) for x in m), paths))
-    return b''.join(p.read_bytes() for _, p in order)
-
-
 def unpack(target, shards):
-    "Write the model file the shards make to `target` (float32 again); its checksum is new."
-    from dpm.checkpoints import atomic_save
-    from dpm.training import load_checkpoint
-    raw = _joined(shards)
-    try: ck = torch.load(io.BytesIO(raw), map_location='cpu', weights_only=True)
-    except Exception as e:
-        raise ShardError(f"the shards do not make a model file ({type(e).__name__}); "
-                         f"one is missing or from another pack") from None
-    keys = ck.pop('bf16_keys', None)                      # the first campaign: every bf16 tensor
-    ck['model'] = {k: v.float() if (k in keys if keys is not None else v.dtype == torch.bfloat16)
-                   else v for k, v in ck['model'].items()}
-    Path(target).parent.mkdir(parents=True, exist_ok=True)
-    atomic_save(ck, target)
-    load_checkpoint(target)                               # its structure, as every reader checks it
+    "Write the model file the shards pack to `target`."
+    ck = unpack_shards(shards, target)
+    if ck.get('kind') != 'model':
+        Path(target).unlink()
+        raise CheckpointError("these shards pack a training checkpoint: use `resume`")
     print(f"{target}: {len(ck['model'])} tensors from {len(shards)} shard(s)")
 
 
+def resume(target, shards):
+    "Write the training checkpoint a state pack holds, its round trip listed among the restarts."
+    ck = read_shards(shards)
+    if ck.get('kind', 'training') != 'training':
+        raise CheckpointError("these shards pack a model file: use `unpack`")
+    sha = hashlib.sha256(b''.join(Path(p).read_bytes() for p in sorted(map(Path, shards))))
+    entry = dict(step=ck['step'], train_seconds=ck['train_seconds'], optimiser='kept',
+                 init=f"{Path(sorted(map(str, shards))[0]).name} (bf16 state pack)",
+                 checksum=sha.hexdigest())
+    ck = {k: v for k, v in ck.items() if k != 'checksum'}
+    atomic_save({**ck, 'restarts': [*(ck.get('restarts') or []), entry]}, target)
+    print(f"{target}: the state at step {ck['step']:,} from {len(shards)} shard(s)")
+
+
+BUNDLE = 16 * 2 ** 20 - 2 ** 16     # bytes of a bundle at most: under the 16 MiB a machine returns
+
+
+def bundle(folder, limit: int = BUNDLE) -> list:
+    "The shards in `folder` in tar files bundle_NN.tar (largest first, first fit); loose ones gone."
+    folder = Path(folder)
+    cost = lambda p: p.stat().st_size + 1024                  # a member's header and padding
+    bins = []
+    for shard in sorted(folder.glob('*.bf16.*.pt'), key=cost, reverse=True):
+        fit = next((b for b in bins if sum(map(cost, b)) + cost(shard) + 10240 <= limit), None)
+        if fit is None: bins.append(fit := [])
+        fit.append(shard)
+    written = []
+    for i, members in enumerate(bins):
+        written.append(folder / f'bundle_{i:02d}.tar')
+        with tarfile.open(written[-1], 'w') as tar:
+            for m in members: tar.add(m, arcname=m.name)
+        for m in members: m.unlink()
+        print(f"{written[-1].name}: {', '.join(m.name for m in members)} "
+              f"({written[-1].stat().st_size / 2 ** 20:.1f} MiB)")
+    return written
+
+
 def summary(path) -> str:
-    "One line from a training.json: steps, training minutes, runs (1 + warm restarts), device."
+    "One line from a training.json: steps, training minutes, runs (1 + restarts), device."
     import json
     r = json.loads(Path(path).read_text())
+    kept = sum(x.get('optimiser') == 'kept' for x in r.get('restarts', []))
     return (f"{r['steps']:,} steps, {r['train_seconds'] / 60:.1f} minutes of training, "
-            f"{len(r.get('restarts', [])) + 1} run(s), the last on {r.get('device', '?')}")
+            f"{len(r.get('restarts', [])) + 1} run(s) ({kept} resumed with the optimiser), "
+            f"the last on {r.get('device', '?')}")
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest='command', required=True)
-    a = sub.add_parser('pack', help='model files -> OUTDIR/<name>.bf16.NN.pt')
+    a = sub.add_parser('pack', help='model files (or --state: checkpoints) -> OUTDIR/*.bf16.NN.pt')
     a.add_argument('out_dir'); a.add_argument('models', nargs='+')
-    a.add_argument('--shard-bytes', type=int, default=SHARD,
+    a.add_argument('--state', action='store_true', help='pack training checkpoints')
+    a.add_argument('--shard-bytes', type=int, default=SHARD_BYTES,
                    help='bytes per shard (default 15 MiB)')
     a.add_argument('--exact-below', type=int, default=EXACT_BELOW,
                    help='float32 tensors with fewer elements stay exact (default 65536)')
     u = sub.add_parser('unpack', help='shards -> one model file')
     u.add_argument('target'); u.add_argument('shards', nargs='+')
+    s = sub.add_parser('resume', help='state shards -> a training checkpoint to resume from')
+    s.add_argument('target'); s.add_argument('shards', nargs='+')
+    b = sub.add_parser('bundle', help='the shards of a folder in tar files of at most 16 MiB')
+    b.add_argument('folder')
     r = sub.add_parser('summary', help="one line from a run's training.json")
     r.add_argument('record')
     args = p.parse_args(argv)
@@ -152,10 +120,12 @@ def main(argv=None):
     from dpm.settings import DpmError
     try:
         if args.command == 'pack':
-            pack(args.out_dir, args.models, args.shard_bytes, args.exact_below)
+            pack(args.out_dir, args.models, args.shard_bytes, args.exact_below, args.state)
         elif args.command == 'unpack': unpack(args.target, args.shards)
+        elif args.command == 'resume': resume(args.target, args.shards)
+        elif args.command == 'bundle': bundle(args.folder)
         else: print(summary(args.record))
-    except (ShardError, DpmError, OSError, KeyError, ValueError) as e:
+    except (DpmError, OSError, KeyError, ValueError) as e:
         sys.exit(f"weights.py: {e}")
 
 

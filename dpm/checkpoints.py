@@ -2,11 +2,12 @@
 
 # %% auto #0
 __all__ = ['FORMAT', 'FORMAT_VERSION', 'CHECKSUM_DEPTH', 'CHECKSUM_VALUES', 'MAX_CHECKPOINT_BYTES', 'LEGACY_NAMES',
-           'CheckpointError', 'atomic_save', 'checksum', 'read_checkpoint', 'upgrade_checkpoint', 'check_checkpoint',
-           'signature', 'check_signature', 'renamed_legacy']
+           'SHARD_FORMAT', 'SHARD_BYTES', 'EXACT_BELOW', 'SHARD_NAME', 'CheckpointError', 'atomic_save', 'checksum',
+           'read_checkpoint', 'upgrade_checkpoint', 'check_checkpoint', 'signature', 'check_signature',
+           'renamed_legacy', 'bf16_pack', 'bf16_unpack', 'pack_shards', 'shards_of', 'read_shards', 'unpack_shards']
 
 # %% ../nbs/A3_checkpoints.ipynb #fa000005
-import os, re, math, hashlib, zipfile
+import os, re, io, glob, math, hashlib, zipfile
 from pathlib import Path
 from typing import Callable
 import torch
@@ -246,3 +247,117 @@ def renamed_legacy(ck: dict) -> dict:
            'signature': {_today(k): v for k, v in ck['signature'].items()}}
     if ck.get('ema') is not None: out['ema'] = rename(ck['ema'])
     return out
+
+# %% ../nbs/A3_checkpoints.ipynb #shard002
+SHARD_FORMAT = 'dpm-shard-1'
+SHARD_BYTES = 15 * 2 ** 20           # bytes of a pack per shard: a GPU machine returns 16 MiB files
+EXACT_BELOW = 65_536                 # float32 tensors with fewer elements stay float32
+SHARD_NAME = re.compile(r'(?P<name>.+)\.bf16\.(?P<index>[0-9]{2,})\.pt')
+
+def _large_floats(obj, exact_below: int, path: tuple = ()) -> list:
+    "Paths (keys from the top) of the float32 tensors of >= exact_below elements, not '.lin_'."
+    if isinstance(obj, torch.Tensor):
+        return [list(path)] if obj.dtype == torch.float32 and obj.numel() >= exact_below else []
+    if not isinstance(obj, dict): return []
+    return [p for k, v in obj.items() if '.lin_' not in str(k)
+            for p in _large_floats(v, exact_below, (*path, k))]
+
+def _at(obj, path, f):
+    "`obj` with the tensor at `path` replaced by f(tensor) (the dicts on the way copied)."
+    if not path: return f(obj)
+    return {**obj, path[0]: _at(obj[path[0]], path[1:], f)}
+
+def bf16_pack(ck: dict, exact_below: int = EXACT_BELOW) -> dict:
+    "A checked checkpoint or model file with its large float32 tensors in bfloat16 ('bf16_paths')."
+    paths = _large_floats({k: v for k, v in ck.items() if k != 'checksum'}, exact_below)
+    for p in paths: ck = _at(ck, p, lambda t: t.bfloat16())
+    return {**ck, 'bf16_paths': paths}
+
+def bf16_unpack(packed: dict) -> dict:
+    "The file `bf16_pack` packed, its bfloat16 tensors float32 again (older packs: 'bf16_keys')."
+    ck = dict(packed)
+    paths = ck.pop('bf16_paths', None)
+    if paths is None: paths = [['model', k] for k in ck.pop('bf16_keys', [])]
+    for p in paths: ck = _at(ck, p, lambda t: t.float())
+    return ck
+
+# %% ../nbs/A3_checkpoints.ipynb #shard003
+def pack_shards(path, out_dir, name: str = None, exact_below: int = EXACT_BELOW,
+                shard_bytes: int = SHARD_BYTES) -> list:
+    "Write OUT_DIR/<name>.bf16.NN.pt (name: the file's folder) for a checked file; the paths."
+    packed = bf16_pack(read_checkpoint(path), exact_below)
+    buf = io.BytesIO(); torch.save(packed, buf); raw = buf.getvalue()
+    name, out_dir = name or Path(path).parent.name, Path(out_dir)
+    n, sha = (len(raw) + shard_bytes - 1) // shard_bytes, hashlib.sha256(raw).hexdigest()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for old in out_dir.glob(f'{glob.escape(name)}.bf16.*.pt'): old.unlink()   # no stale shards
+    written = []
+    for i in range(n):
+        part = torch.frombuffer(bytearray(raw[i * shard_bytes:(i + 1) * shard_bytes]),
+                                dtype=torch.uint8)
+        written.append(out_dir / f'{name}.bf16.{i:02d}.pt')
+        atomic_write(written[-1], lambda f: torch.save(dict(
+            format=SHARD_FORMAT, name=name, index=i, count=n, sha256=sha, data=part), f))
+    return written
+
+def shards_of(path) -> list:
+    "The shards that share the name of shard `path`, in its folder, sorted."
+    m = SHARD_NAME.fullmatch(Path(path).name)
+    if m is None: raise CheckpointError(f"{path} is not named NAME.bf16.NN.pt")
+    return sorted(Path(path).parent.glob(f"{glob.escape(m['name'])}.bf16.*.pt"))
+
+# %% ../nbs/A3_checkpoints.ipynb #shard004
+def _shard(path) -> dict:
+    "A shard's header and bytes, each field checked; else `CheckpointError`."
+    try:
+        with open_regular(path, 'shard', 2 * SHARD_BYTES) as f:
+            h = torch.load(f, map_location='cpu', weights_only=True)
+    except CheckpointError: raise
+    except Exception as e:
+        raise CheckpointError(f"{path} is not a shard of a pack ({type(e).__name__})") from None
+    ok = (isinstance(h, dict) and h.get('format') == SHARD_FORMAT and isinstance(h.get('name'), str)
+          and _count(h.get('index')) and _count(h.get('count')) and isinstance(h.get('sha256'), str)
+          and isinstance(h.get('data'), torch.Tensor) and h['data'].dtype == torch.uint8)
+    if not ok: raise CheckpointError(f"{path} is not a shard of a pack (no {SHARD_FORMAT} header)")
+    return h
+
+def _joined(shards) -> tuple:
+    "(bytes, name) of the pack the shards make, every header checked against the others."
+    paths = sorted(map(Path, shards))
+    if not paths: raise CheckpointError("no shards given")
+    heads = [_shard(p) for p in paths]
+    who = {(h['name'], h['sha256'], h['count']) for h in heads}
+    if len(who) > 1:
+        raise CheckpointError("the shards belong to different models or packs: " + ', '.join(
+            f"{p.name} ({h['name']}, {h['sha256'][:12]})" for p, h in zip(paths, heads)))
+    (name, sha, count), = who
+    have = sorted(h['index'] for h in heads)
+    if len(set(have)) < len(have):
+        raise CheckpointError(f"{name}: shard {max(have, key=have.count):02d} given twice")
+    if have != list(range(count)):
+        missing = ', '.join(f'{i:02d}' for i in sorted(set(range(count)) - set(have)))
+        raise CheckpointError(f"{name}: shard(s) {missing} of {count} missing "
+                              f"(have {', '.join(f'{i:02d}' for i in have)})")
+    raw = b''.join(bytes(h['data'].numpy()) for h in sorted(heads, key=lambda h: h['index']))
+    if hashlib.sha256(raw).hexdigest() != sha:
+        raise CheckpointError(f"{name}: the shards' bytes do not match their sha256 (corrupt)")
+    return raw, name
+
+def read_shards(shards, config_keys: dict = None) -> dict:
+    "The checkpoint or model file that the shards pack, float32 again and checked as on disk."
+    raw, name = _joined(shards)
+    try: packed = torch.load(io.BytesIO(raw), map_location='cpu', weights_only=True)
+    except Exception as e:
+        raise CheckpointError(f"{name}: the shards do not make a checkpoint "
+                              f"({type(e).__name__})") from None
+    if not isinstance(packed, dict): raise CheckpointError(f"{name}: the pack is not a checkpoint")
+    ck = bf16_unpack(packed)
+    ck['checksum'] = checksum(ck)                        # of the float32 file, as written anew
+    check_checkpoint(ck, f'{name} (shards)', config_keys)
+    return renamed_legacy(ck)
+
+def unpack_shards(shards, target, config_keys: dict = None) -> dict:
+    "Write the file the shards pack to `target` (atomic, float32, a new checksum); its contents."
+    ck = read_shards(shards, config_keys)
+    atomic_save({k: v for k, v in ck.items() if k != 'checksum'}, target)
+    return ck

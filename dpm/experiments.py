@@ -255,8 +255,14 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
 
 # %% ../nbs/05b_experiments.ipynb #3097bf03
 def packaged_model(tag: str) -> Path:
-    "The model `<tag>.pt` a pip-installed dpm carries in dpm/assets/models (setup.py copies it)."
-    return assets_dir() / 'models' / f'{tag}.pt'
+    """The model dpm carries for `tag` in dpm/assets/models (setup.py copies it): `<tag>.pt`, or the
+    first shard of the pack `<tag>.bf16.NN.pt` (chapter A3); in a checkout, a pack committed under
+    results/<tag>/weights. A path that does not exist if there is none."""
+    shipped = assets_dir() / 'models'
+    for path in (shipped / f'{tag}.pt', shipped / f'{tag}.bf16.00.pt',
+                 repo_root() / 'results' / tag / 'weights' / f'{tag}.bf16.00.pt'):
+        if path.is_file(): return path
+    return shipped / f'{tag}.pt'
 
 def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device=None,
                   progress: bool = True, retrain: bool = False):

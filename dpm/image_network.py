@@ -2,8 +2,8 @@
 
 # %% auto #0
 __all__ = ['VARIANTS', 'LEAK', 'PATHWAYS', 'IMAGE_CONFIGS', 'PATHWAY_KEYS', 'HEAD_KEYS', 'check_divisible', 'MultiScaleConv',
-           'reference_kernel', 'ImageReverse', 'count_parameters', 'network_config', 'network_kwargs', 'linear_path',
-           'image_diffusion', 'keep_scaler']
+           'pool2', 'upsample2_add', 'reference_kernel', 'ImageReverse', 'count_parameters', 'network_config',
+           'network_kwargs', 'linear_path', 'image_diffusion', 'keep_scaler']
 
 # %% ../nbs/10_image_network.ipynb #2b104a45
 import math, warnings
@@ -57,11 +57,36 @@ class MultiScaleConv(nn.Module):
         check_divisible(x.shape[2], x.shape[3], self.n_scales)
 
 # %% ../nbs/10_image_network.ipynb #e29a88d5
+def pool2(x):
+    "P_2 of eq-net-msconv-fast: the mean over 2x2 blocks, as a reshape and a mean (layout kept)."
+    B, C, H, W = x.shape
+    if x.is_contiguous(): return x.reshape(B, C, H // 2, 2, W // 2, 2).mean((3, 5))
+    pixels = x.permute(0, 2, 3, 1)                 # channels-last: the same memory as (B, H, W, C)
+    return pixels.reshape(B, H // 2, 2, W // 2, 2, C).mean((2, 4)).permute(0, 3, 1, 2)
+
+def upsample2_add(coarse, fine):
+    "U_2 coarse + fine (eq-net-msconv-fast): nearest upsampling fused with the sum by broadcasting."
+    B, C, H, W = fine.shape
+    # $(\mathcal U_2\mathbf y + \mathbf h)[c, 2i+a, 2j+b] = \mathbf y[c,i,j] + \mathbf h[c,2i+a,2j+b]$
+    pairs = fine.reshape(B, C, H // 2, 2, W // 2, 2) + coarse[:, :, :, None, :, None]
+    return pairs.reshape(B, C, H, W)
+
 @patch
 def _sum_scales(self: MultiScaleConv, x, per_scale):
-    "sum_s U_s per_scale(K_s P_s x), from the coarsest scale down (eq-net-msconv)."
-    out = 0
+    "sum_s U_s per_scale(K_s P_s x) by eq-net-msconv-fast: P_2 repeated, U_2 fused with the sum."
+    pooled = [x]
+    for _ in range(1, self.n_scales): pooled.append(pool2(pooled[-1]))   # $\mathcal P_2^{\,s}$
+    out = None
     for s in reversed(range(self.n_scales)):       # coarse to fine, upsampling by 2 each time
+        h = per_scale(self.convs[s](pooled[s]))    # $\mathcal K_s\,\mathcal P_{2^s}\mathbf x$
+        out = h if out is None else upsample2_add(out, h)
+    return out
+
+@patch
+def _sum_scales_direct(self: MultiScaleConv, x, per_scale):
+    "sum_s U_s per_scale(K_s P_s x) as eq-net-msconv writes it: one pooling and one copy a scale."
+    out = 0
+    for s in reversed(range(self.n_scales)):
         # $\mathcal K_s\,\mathcal P_{2^s}\,\mathbf x$
         h = self.convs[s](F.avg_pool2d(x, 2 ** s) if s else x)
         out = out + per_scale(h)

@@ -584,6 +584,12 @@ def _step_coefficients(self: GaussianDataReverse, t, like):
             p(t - 1), p(t))
 
 # %% ../nbs/09_posterior.ipynb #a9e1c0f1
+def _distinct_steps(t) -> tuple:
+    "(steps, rows): each distinct t once and the map back to rows; on a GPU every row's own t."
+    if t.is_cuda: return t, lambda v: v          # torch.unique would wait for the device
+    steps, row = torch.unique(t, return_inverse=True)
+    return steps, lambda v: v[row]
+
 @patch
 def forward(self: GaussianDataReverse, xt, t):
     "(mean, var), or (mean, c_t, U) (eq-base-rev-eig), of step t, shaped like xt, float32 at least."
@@ -594,18 +600,18 @@ def forward(self: GaussianDataReverse, xt, t):
     with torch.autocast(xt.device.type, enabled=False):
         x = xt.reshape(B, -1).to(dtype)
         U, m = self.lin_eigvecs.to(dtype), self.lin_mean.to(dtype)
-        steps, row = torch.unique(t, return_inverse=True)       # each distinct t once, then rows
+        steps, rows = _distinct_steps(t)
         beta, root_prev, root_t, p_prev, p_t = self._step_coefficients(steps, x)
         # $\mathbf w = \mathbf U^\top(\mathbf x^{(t)} - \sqrt{\bar\alpha_t}\,\mathbf m)$
-        w = (x - root_t[row] * m) @ U
+        w = (x - rows(root_t) * m) @ U
         # $\sqrt{1-\beta_t}\,(p_{t-1,k}-1)/p_{t,k}$
-        gain = ((1 - beta).sqrt() * (p_prev - 1) / p_t)[row]
-        mean = (1 - beta).sqrt()[row] * x + beta[row] * (root_prev[row] * m + (gain * w) @ U.T)
+        gain = rows((1 - beta).sqrt() * (p_prev - 1) / p_t)
+        mean = rows((1 - beta).sqrt()) * x + rows(beta) * (rows(root_prev) * m + (gain * w) @ U.T)
         c = beta * p_prev / p_t                                        # $c_{t,k}$, t only
         if self.covariance == 'eigen':                                 # eq-base-rev-eig
-            return mean.reshape(xt.shape), c[row].clamp(min=VAR_MIN).reshape(xt.shape), U
+            return mean.reshape(xt.shape), rows(c).clamp(min=VAR_MIN).reshape(xt.shape), U
         # $\mathrm{diag}\,\mathbf U\,\mathrm{diag}(c_{t,k})\,\mathbf U^\top$ (eq-base-rev-var)
-        var = (c @ (U * U).T)[row]
+        var = rows(c @ (U * U).T)
     return mean.reshape(xt.shape), var.clamp(min=VAR_MIN).reshape(xt.shape)
 
 # %% ../nbs/09_posterior.ipynb #a9e1c0f0

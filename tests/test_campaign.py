@@ -1,6 +1,7 @@
 """The GPU campaign's file path, on the CPU: bf16 shards of a model file (bench/weights.py) and back,
-shards that do not belong together refused in one line, and a warm restart (`dpm train --init`)
-from the unpacked file, as bench/gpu_campaign.sh does it between two GPU runs."""
+shards that do not belong together refused in one line, a warm restart (`dpm train --init`) from
+the unpacked file, and a resume from a packed training checkpoint (its state), as
+bench/gpu_campaign.sh does them between two GPU runs."""
 import importlib.util, json, os, subprocess, sys
 from pathlib import Path
 import pytest
@@ -89,19 +90,34 @@ def test_unpack_refuses_shards_that_do_not_belong_together(models, tmp_path):
     one_line(sh('bench/weights.py', 'pack', str(tmp_path / 'c'),
                 str(models / 'a' / 'dead_leaves' / 'checkpoint.pt'), check=False),
              'training checkpoint')
+    one_line(sh('bench/weights.py', 'pack', '--state', str(tmp_path / 'c'),
+                str(models / 'a' / 'dead_leaves' / 'model.pt'), check=False), 'model file')
     assert not Path(out).exists()
 
 
-def test_shards_of_the_first_campaign_are_read(models, tmp_path):
-    "Raw byte slices without a header: put together by their numbers; a gap or a mix refused."
-    raw, _ = weights._packed(models / 'a' / 'dead_leaves' / 'model.pt')
-    parts = [tmp_path / f'm.bf16.{i:02d}.pt' for i in range(3)]
-    for i, p in enumerate(parts): p.write_bytes(raw[i * TINY:(i + 1) * TINY] if i < 2 else raw[2 * TINY:])
-    weights.unpack(tmp_path / 'model.pt', parts[::-1])
-    from dpm.experiments import load_model
-    from dpm.dead_leaves import DEAD_LEAVES
-    load_model(DEAD_LEAVES, tmp_path / 'model.pt')
-    with pytest.raises(weights.ShardError, match='without a gap'): weights.unpack(tmp_path / 'y.pt', parts[1:])
+def test_a_state_pack_resumes_the_optimisation(models, tmp_path):
+    """A checkpoint packed in bf16 shards (--state) and written back by `resume`: `dpm train` resumes
+    from it with Adam's moments and the weight average, and the record counts the round trip."""
+    from dpm.training import load_checkpoint
+    run = models / 'b' / 'dead_leaves'
+    parts = weights.pack(tmp_path / 'packs', [run / 'checkpoint.pt'], shard=TINY, state=True)
+    assert parts[0].name == 'dead_leaves.state.bf16.00.pt'
+    with pytest.raises(weights.CheckpointError, match='training checkpoint'):
+        weights.unpack(tmp_path / 'x.pt', parts)
+    out = tmp_path / 'next'
+    weights.resume(out / 'checkpoint.pt', parts)
+    before, after = load_checkpoint(run / 'checkpoint.pt'), load_checkpoint(out / 'checkpoint.pt')
+    assert after['step'] == before['step'] == 8 and after['optimizer']['state']
+    for i, s in before['optimizer']['state'].items():                 # Adam's moments, rounded
+        for k in ('exp_avg', 'exp_avg_sq'):
+            assert torch.allclose(after['optimizer']['state'][i][k], s[k], rtol=2 ** -8, atol=1e-30)
+    assert after['restarts'][-1]['optimiser'] == 'kept' and after['restarts'][-1]['step'] == 8
+    r = dpm('train', 'dead_leaves', '--out', str(out), '--set', 'steps=12', '--set', 'eval_every=0',
+            '--no-progress')
+    assert 'warm restart' not in r.stdout, r.stdout                    # resumed, not restarted
+    rec = json.loads((out / 'training.json').read_text())
+    assert rec['steps'] == 12 and [x['step'] for x in rec['restarts']] == [4, 8]
+    assert 'resumed with the optimiser' in weights.summary(out / 'training.json')
 
 
 def test_warm_restart_from_unpacked_shards(models, tmp_path):

@@ -80,6 +80,9 @@ def test_the_checks_catch_strays():
 MODELS = ROOT / 'results' / 'models'
 TOY_MODELS = ['swiss_roll*.pt', 'heartbeat*.pt']
 PACKED = TOY_MODELS + ['mnist.pt', 'digit_classifier.pt']   # what setup.py packs (PACKAGED_MODELS)
+PACKS = ['mnist_gpu']                                      # and the packs of shards (PACKAGED_PACKS)
+SHARDS = [p for name in PACKS for p in sorted((ROOT / 'results' / name / 'weights').glob(
+    f'{name}.bf16.*.pt'))]
 BUILD_FILES = ['setup.py', 'settings.ini', 'pyproject.toml', 'MANIFEST.in', 'README.md']
 
 
@@ -97,7 +100,7 @@ def installed(tmp_path_factory):
     src = tmp / 'src'
     for rel in tracked():
         path = Path(rel)
-        if rel in BUILD_FILES or path.parts[0] == 'dpm' or (
+        if rel in BUILD_FILES or path.parts[0] == 'dpm' or ROOT / path in SHARDS or (
                 path.parent.as_posix() == 'results/models'
                 and any(fnmatch.fnmatch(path.name, pat) for pat in PACKED)):
             (src / path).parent.mkdir(parents=True, exist_ok=True)
@@ -121,12 +124,16 @@ def test_wheel_carries_the_packaged_models(installed):
     with zipfile.ZipFile(wheel) as z:
         packed = {Path(i.filename).name: i.file_size for i in z.infolist()
                   if i.filename.startswith('dpm/assets/models/')}
-    want = {p.name for pat in PACKED for p in MODELS.glob(pat)}
+    want = {p.name for pat in PACKED for p in MODELS.glob(pat)} | {p.name for p in SHARDS}
     assert want and set(packed) == want, (sorted(packed), sorted(want))
-    assert {'swiss_roll.pt', 'heartbeat.pt', 'mnist.pt', 'digit_classifier.pt'} <= want
+    assert {'swiss_roll.pt', 'heartbeat.pt', 'mnist.pt', 'digit_classifier.pt',
+            'mnist_gpu.bf16.00.pt'} <= want
     toys = sum(v for k, v in packed.items() if any(fnmatch.fnmatch(k, p) for p in TOY_MODELS))
     assert toys < 4e6, f'{toys / 1e6:.1f} MB of toy models in the wheel'
-    assert sum(packed.values()) < 14e6, f'{sum(packed.values()) / 1e6:.1f} MB of models in the wheel'
+    book = sum(v for k, v in packed.items() if k not in {p.name for p in SHARDS})
+    assert book < 14e6, f'{book / 1e6:.1f} MB of book-scale models in the wheel'
+    paper = sum(v for k, v in packed.items() if k in {p.name for p in SHARDS})
+    assert paper < 24e6, f'{paper / 1e6:.1f} MB of paper-scale packs in the wheel'
 
 
 def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
@@ -184,6 +191,37 @@ def test_installed_cli_samples_digits(installed, tmp_path):
     where, share = r.stdout.split()
     assert Path(where).is_relative_to(site), where
     assert float(share) > 0.3, f'only {share} of 64 samples read as digits with confidence'
+
+
+def test_installed_cli_samples_paper_scale_digits(installed, tmp_path):
+    """`dpm sample mnist_gpu` from the installed wheel draws from the paper-scale model of the GPU
+    campaign (its pack of bf16 shards, read on the CPU), and most samples read as digits."""
+    wheel, site, env = installed
+    out = tmp_path / 'mnist_gpu'
+    r = subprocess.run([str(site / 'bin' / 'dpm'), 'sample', 'mnist_gpu', '--out', str(out), '-n',
+                        '16', '--device', 'cpu'], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 0, f'dpm sample mnist_gpu:\n{r.stdout}\n{r.stderr}'
+    assert 'using the model shipped with dpm' in r.stderr and 'mnist_gpu.bf16.00.pt' in r.stderr
+    code = ('import torch\n'
+            'from dpm.digit_classifier import load_classifier, digit_outputs\n'
+            'from dpm.experiments import load_model, packaged_model\n'
+            'from dpm.cli import get_experiment\n'
+            'from dpm.data import model_scaler\n'
+            'net = load_classifier(train_if_missing=False)\n'
+            f'x = torch.load({str(out / "samples.pt")!r})\n'
+            'path = packaged_model("mnist_gpu")\n'
+            'd, rev, info, cfg = load_model(get_experiment("mnist_gpu"), path)\n'
+            'u = model_scaler(d).inverse(x.double()).clamp(0, 1)\n'
+            'p = digit_outputs(net, u)[1]\n'
+            'print(path, info["steps"], (p.max(1).values > 0.9).double().mean().item())\n')
+    r = run_python(code, tmp_path, env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    where, steps, share = r.stdout.split()
+    assert Path(where).is_relative_to(site), where
+    record = json.loads((ROOT / 'results' / 'mnist_gpu' / 'training.json').read_text())
+    assert int(steps) == record['steps']                        # the committed campaign's model
+    assert float(share) > 0.3, f'only {share} of 16 samples read as digits with confidence'
 
 
 def test_installed_cli_evaluates_the_shipped_heartbeat(installed, tmp_path):
