@@ -267,6 +267,7 @@ def _at(obj, path, f):
     if not path: return f(obj)
     return {**obj, path[0]: _at(obj[path[0]], path[1:], f)}
 
+# %% ../nbs/A3_checkpoints.ipynb #shard012
 def bf16_pack(ck: dict, exact_below: int = EXACT_BELOW) -> dict:
     "A checked checkpoint or model file with its large float32 tensors in bfloat16 ('bf16_paths')."
     paths = _large_floats({k: v for k, v in ck.items() if k != 'checksum'}, exact_below)
@@ -321,6 +322,7 @@ def _shard(path) -> dict:
     if not ok: raise CheckpointError(f"{path} is not a shard of a pack (no {SHARD_FORMAT} header)")
     return h
 
+# %% ../nbs/A3_checkpoints.ipynb #shard014
 def _joined(shards) -> tuple:
     "(bytes, name) of the pack the shards make, every header checked against the others."
     paths = sorted(map(Path, shards))
@@ -343,6 +345,7 @@ def _joined(shards) -> tuple:
         raise CheckpointError(f"{name}: the shards' bytes do not match their sha256 (corrupt)")
     return raw, name
 
+# %% ../nbs/A3_checkpoints.ipynb #shard024
 def read_shards(shards, config_keys: dict = None) -> dict:
     "The checkpoint or model file that the shards pack, float32 again and checked as on disk."
     raw, name = _joined(shards)

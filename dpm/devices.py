@@ -54,7 +54,7 @@ def autocast_forward(net, device, amp):
     "`net`'s forward under bf16 autocast (amp='bf16'), its outputs back in the input's precision."
     if amp is None: return net
     def forward(xt, t):
-        # no cache of cast weights across calls: a CUDA graph replays the casts (training.GraphedStep)
+        # no cache of cast weights across calls: a CUDA graph replays the casts (GraphedStep, 05)
         with torch.autocast(device.type, dtype=torch.bfloat16, cache_enabled=False):
             out = net(xt, t)
         return tuple(o.to(xt.dtype) for o in out) if isinstance(out, tuple) else out.to(xt.dtype)

@@ -67,10 +67,11 @@ def pool2(x):
 def upsample2_add(coarse, fine):
     "U_2 coarse + fine (eq-net-msconv-fast): nearest upsampling fused with the sum by broadcasting."
     B, C, H, W = fine.shape
-    # $(\mathcal U_2\mathbf y + \mathbf h)[c, 2i+a, 2j+b] = \mathbf y[c,i,j] + \mathbf h[c,2i+a,2j+b]$
+    # $(\mathcal U_2\mathbf y + \mathbf h)[c,2i+a,2j+b] = \mathbf y[c,i,j] + \mathbf h[c,2i+a,2j+b]$
     pairs = fine.reshape(B, C, H // 2, 2, W // 2, 2) + coarse[:, :, :, None, :, None]
     return pairs.reshape(B, C, H, W)
 
+# %% ../nbs/10_image_network.ipynb #e29a88d7
 @patch
 def _sum_scales(self: MultiScaleConv, x, per_scale):
     "sum_s U_s per_scale(K_s P_s x) by eq-net-msconv-fast: P_2 repeated, U_2 fused with the sum."

@@ -66,8 +66,7 @@ class TrainConfig:
     @classmethod
     def from_dict(cls, cfg: dict):
         "Pick the training keys out of an experiment configuration."
-        names = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in cfg.items() if k in names})
+        return cls(**{k: v for k, v in cfg.items() if k in {f.name for f in fields(cls)}})
 
 # %% ../nbs/05_training.ipynb #10608a54
 TRAIN_KEYS = {f.name: f.metadata['key'] for f in fields(TrainConfig)}
@@ -396,19 +395,21 @@ class GraphedStep:
         if st.ema is not None: st.ema.update_parameters(st.model)
         return torch.stack([loss.detach().double(), failed.double()]), checks
 
-    def __call__(self, t_start: float) -> bool:
-        "One step (a replay, or the body run eagerly); True when the run must stop."
-        st, cfg = self.state, self.cfg
-        _set_lr(st.opt, cfg, st.step)
-        idx = _examples(self.data, cfg, st.gen, self.share)
-        self.idx.copy_(idx.pin_memory() if self.idx.is_cuda else idx, non_blocking=True)
-        if self.graph is None:
-            st.opt.zero_grad(set_to_none=True); values, checks = self._body()
-        else: self.graph.replay(); values, checks = self.values, self.checks
-        _receive(st)                                     # the previous step, while this one runs
-        st.pending = _send(st.step, values, checks)
-        st.step += 1
-        return cfg.max_minutes is not None and time.perf_counter() - t_start >= 60 * cfg.max_minutes
+# %% ../nbs/05_training.ipynb #graph0007
+@patch
+def __call__(self: GraphedStep, t_start: float) -> bool:
+    "One step (a replay, or the body run eagerly); True when the run must stop."
+    st, cfg = self.state, self.cfg
+    _set_lr(st.opt, cfg, st.step)
+    idx = _examples(self.data, cfg, st.gen, self.share)
+    self.idx.copy_(idx.pin_memory() if self.idx.is_cuda else idx, non_blocking=True)
+    if self.graph is None:
+        st.opt.zero_grad(set_to_none=True); values, checks = self._body()
+    else: self.graph.replay(); values, checks = self.values, self.checks
+    _receive(st)                                     # the previous step, while this one runs
+    st.pending = _send(st.step, values, checks)
+    st.step += 1
+    return cfg.max_minutes is not None and time.perf_counter() - t_start >= 60 * cfg.max_minutes
 
 # %% ../nbs/05_training.ipynb #graph0003
 @patch
@@ -434,6 +435,7 @@ def _capture(self: GraphedStep):
     except Exception:                                  # the generator thinks it is still capturing
         _reset_generator(st.device, keep['rng']); raise
 
+# %% ../nbs/05_training.ipynb #graph0008
 @contextmanager
 def _no_host_reads(on: bool = True):
     "Within, an operation that makes the host wait for the device raises (CUDA sync debug mode)."
@@ -449,6 +451,7 @@ def _reset_generator(device, rng):
     if hasattr(gen, 'graphsafe_set_state'): gen.graphsafe_set_state(gen.clone_state())
     torch.cuda.set_rng_state(rng, device)
 
+# %% ../nbs/05_training.ipynb #graph0009
 def _snapshot(st: _RunState) -> dict:
     "Copies of what a step changes: weights, optimiser, weight average, the device's random state."
     clone = lambda sd: {k: v.detach().clone() for k, v in sd.items()}
@@ -463,6 +466,7 @@ def _restore(st: _RunState, keep: dict):
         st.ema.load_state_dict(keep['ema']); st.ema._started = True     # read no flag in capture
     torch.cuda.set_rng_state(keep['rng'], st.device)
 
+# %% ../nbs/05_training.ipynb #graph0010
 def _graphed(state: _RunState, objective, d, train_data, cfg: TrainConfig, share, fmt):
     "A captured `GraphedStep`, or None after saying why the capture failed (the run goes on)."
     try: return GraphedStep(state, objective, d, train_data, cfg, share, fmt)
@@ -481,6 +485,20 @@ def _check_graphable(cfg: TrainConfig, device, n_proc: int):
            "it needs optimizer='adam' (fused, capturable)" if cfg.optimizer != 'adam' else
            'a compiled network (compile=true) makes its own graphs' if cfg.compile else None)
     if why: raise ConfigError(f"cuda_graph=true cannot be used here: {why}")
+
+# %% ../nbs/05_training.ipynb #graph0011
+def _stepper(state: _RunState, objective, d, train_data, cfg: TrainConfig, layout: tuple, n_proc):
+    "The loop's step, `_minibatch` then `_step`; with cuda_graph, a GraphedStep after the first."
+    (share, fmt), first, graphed = layout, state.step, None
+    if cfg.cuda_graph: _check_graphable(cfg, state.device, n_proc)
+    def advance(t_start: float) -> bool:
+        nonlocal graphed
+        if graphed is None and cfg.cuda_graph and state.step > first:
+            graphed = _graphed(state, objective, d, train_data, cfg, share, fmt) or False
+        if graphed: return graphed(t_start)
+        batch = _minibatch(d, train_data, cfg, state.gen, share, fmt, state.device)
+        return _step(state, objective, batch, cfg, t_start)
+    return advance
 
 # %% ../nbs/05_training.ipynb #3ef3639a
 def _save(state: _RunState, checkpoint):
@@ -580,24 +598,18 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     cfg = config or TrainConfig()
     (rank, n_proc), device = world(), pick_device(device)
     B, share = cfg.batch_size, batch_share(cfg.batch_size, rank, n_proc)
-    if cfg.cuda_graph: _check_graphable(cfg, device, n_proc)
     model = Model(d, reverse).to(device)
     train_data, heldout, fmt = _training_data(d, model, train_data, heldout, cfg, device)
     full_config = {**(full_config or {}), **asdict(cfg)}
     state = _start(model, cfg, full_config, device, checkpoint, init)
     objective = _objective(model, reverse, cfg, device, n_proc)
+    advance = _stepper(state, objective, d, train_data, cfg, (share, fmt), n_proc)
     bar = _progress_bar(cfg, state.step) if progress and rank == 0 else None
     last_eval, t_done, step_0 = None, state.train_seconds, state.step
     stop = _no_better(state.history, cfg.patience)             # a resumed run that had stopped
     t_start = last_save = time.perf_counter()
-    graphed = None                     # cuda_graph: captured after this run's first (eager) step
     while state.step < cfg.steps and not stop:
-        if graphed is None and cfg.cuda_graph and state.step > step_0:
-            graphed = _graphed(state, objective, d, train_data, cfg, share, fmt) or False
-        if graphed: stop = graphed(t_start)
-        else:
-            batch = _minibatch(d, train_data, cfg, state.gen, share, fmt, device)
-            stop = _step(state, objective, batch, cfg, t_start)
+        stop = advance(t_start)
         state.train_seconds = t_done + time.perf_counter() - t_start
         per_second = (state.step - step_0) * B / max(time.perf_counter() - t_start, 1e-9)
         last_eval, stop = _watch(state, heldout, cfg, last_eval, stop, rank)
