@@ -1,69 +1,92 @@
 #!/usr/bin/env python
-"""The successors' factorial design (chapter 15b, `dpm.factorial.study_cells`), one thread.
+"""The study of chapter 15b (`dpm.factorial`): every cell on one forward process, one record per
+data set, cell, schedule and seed, written atomically; a record that exists is skipped, so the
+campaign resumes where it stopped.
 
-For one data set, every cell of the design (kernel x variance x loss x schedule, the combinations
-that are not models left out; on MNIST also the cell of DDPM's U-Net trunk) and every seed:
-train for a budget of steps or CPU minutes, whichever ends first, scoring the averaged weights
-at 1k, 2k, 4k, 8k and 16k steps; then K on held-out data with every t, as specified and with
-each one-step fix, split into bands of t and paired; samples scored by the data set's measure.
-One JSON record per (data set, cell, seed), written atomically; a cell whose record exists is
-skipped, so the study resumes where it stopped.
+One campaign, one machine: the jobs are a list in priority order (the swiss roll's cells, the two
+MNIST cells of the U-Net's question, the jump's demonstration, MNIST's third cell, the optional
+MNIST cells); each worker process claims the next job nobody has claimed (a lock file beside the
+records) and runs it on one thread, so that two workers share a 2-core machine:
 
-    OMP_NUM_THREADS=1 PYTHONPATH=. python bench/successors_factorial.py --data swiss_roll \\
-        --seeds 0 1 2 --minutes 5
-    ... --cells 'eps_skip-*-simple-*'        # shell-style patterns over the cell names
-    ... --list                               # the cells, and nothing run
-    ... --data mnist --cells 'unet-*' --minutes M   # the U-Net at the book trunk's CPU time: M
-        # the mean cpu_seconds / 60 of the eps_skip-beta_tilde-simple-base records (2.065 here)
-    ... --data mnist --cells 'unet-*' --steps 4000 --minutes 60 \\
-        --out results/successors/factorial_steps       # the U-Net at the book trunk's steps
-    ... --data mnist --cells reference-learned-K-base --steps 16000 --minutes 30 \
-        --curve-samples 200 --out results/successors/factorial_long   # curves with samples
+    for w in 1 2; do OMP_NUM_THREADS=1 nice -n 15 PYTHONPATH=. \\
+        python bench/successors_factorial.py --worker & done
+    ... --data mnist                           # this worker only MNIST's jobs
+    touch results/successors/study/.stop       # every worker stops after its current job
+    ... --list                                 # the jobs, and which are done
+    ... --floors                               # the real data's and the Gaussian's sample measures
+    DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
 """
-import argparse, fnmatch, sys, time
+import argparse, os, sys, time
 from pathlib import Path
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from dpm.successors import DATA_SETS
-from dpm.factorial import CHECKPOINTS, study_cells, run_cell
+from dpm.factorial import (STUDY_BUDGET, run_cell, sample_floors, write_record, study_dir)
+
+SEEDS = (0, 1, 2, 3, 4)
+PLAN = (                     # (data, cells, schedule, fixes), in priority order
+    ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple', 'eps-interp-hybrid'),
+     'linear', False),
+    ('mnist', ('eps-tilde-simple', 'unet-eps-tilde-simple'), 'linear', False),
+    ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple'), 'jump', True),
+    ('mnist', ('eps-tilde-K',), 'linear', False),
+    ('mnist', ('ref-learned-K', 'eps-interp-hybrid'), 'linear', False),
+)
+
+
+JUMP_SEEDS = 3                # the jump's demonstration: a demonstration, not a verdict
+
+
+def jobs(seeds):
+    "Every job of PLAN, seeds outermost within a block: a stopped campaign has whole seeds."
+    return [(data, cell, schedule, seed, fixes) for data, cells, schedule, fixes in PLAN
+            for seed in (seeds[:JUMP_SEEDS] if schedule == 'jump' else seeds) for cell in cells]
+
+
+def claim(lock: Path) -> bool:
+    "Create the lock file, or False if another worker has it."
+    try: os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+    except FileExistsError: return False
+    return True
 
 
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split('\n')[0])
-    p.add_argument('--data', choices=DATA_SETS, required=True)
-    p.add_argument('--seeds', type=int, nargs='+', default=[0])
-    p.add_argument('--minutes', type=float, default=10.0, help='CPU minutes of training per cell')
-    p.add_argument('--steps', type=int, default=CHECKPOINTS[-1], help='at most this many steps')
-    p.add_argument('--cells', nargs='+', default=['*'], help='cell names or shell patterns')
-    p.add_argument('--out', default=str(ROOT / 'results' / 'successors' / 'factorial'))
-    p.add_argument('--curve-samples', type=int, default=0,
-                   help='also score this many samples at each curve point')
-    p.add_argument('--list', action='store_true', help='print the chosen cells and stop')
+    p.add_argument('--out', default=str(study_dir()))
+    p.add_argument('--seeds', type=int, nargs='+', default=list(SEEDS))
+    p.add_argument('--data', nargs='+', default=list(STUDY_BUDGET), help='only these data sets')
+    p.add_argument('--worker', action='store_true', help='run unclaimed jobs until none is left')
+    p.add_argument('--list', action='store_true', help='print the jobs and stop')
+    p.add_argument('--floors', action='store_true', help="write the floors' record and stop")
     a = p.parse_args(argv)
-    if a.minutes <= 0 or a.steps < 1 or a.curve_samples < 0:
-        p.error('--minutes must be > 0, --steps >= 1 and --curve-samples >= 0')
-    extra = dict(n_curve_samples=a.curve_samples) if a.curve_samples else {}
+    out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
-    cells = [c for c in study_cells(a.data) if any(fnmatch.fnmatch(c, pat) for pat in a.cells)]
-    if not cells: p.error(f"no cell matches {a.cells}; try --list")
-    if a.list: print('\n'.join(cells)); return
-    out = Path(a.out)
-    for seed in a.seeds:
-        for cell in cells:
-            path = out / f'{a.data}-{cell}-seed{seed}.json'
-            if path.exists(): print(f'{path.name}: exists, skipped'); continue
-            t0 = time.perf_counter()
-            r = run_cell(a.data, cell, seed, a.steps, 60 * a.minutes, out, **extra)
-            if 'failed' in r: print(f"{path.name}: failed ({r['failed']})"); continue
-            v = r['variants']
-            fixes = '  '.join(f"{k} {v[k]['minus_reference_bits']:+.3f}"
-                              f"±{v[k]['minus_reference_se']:.3f}"
-                              for k in ('fix_first', 'clip_x0', 'both'))
-            print(f"{path.name}: {r['steps']} steps, {1e3 * r['cpu_per_step']:.1f} ms/step, "
-                  f"K {v['as_specified']['K_bits']:.3f} {r['unit']}; {fixes}; "
-                  f"{time.perf_counter() - t0:.0f} s")
+    if a.floors:
+        write_record({data: sample_floors(data, STUDY_BUDGET[data]['n_samples'])
+                      for data in STUDY_BUDGET}, out / 'floors.json')
+        return
+    todo = [job for job in jobs(a.seeds) if job[0] in a.data]
+    if a.list or not a.worker:
+        for data, cell, schedule, seed, _ in todo:
+            done = (out / f'{data}-{cell}-{schedule}-seed{seed}.json').exists()
+            print(f"{'done' if done else '    '} {data} {cell} {schedule} seed {seed}")
+        return
+    for data, cell, schedule, seed, fixes in todo:
+        name = f'{data}-{cell}-{schedule}-seed{seed}'
+        if (out / '.stop').exists(): break                 # stop between jobs when asked
+        if (out / f'{name}.json').exists() or not claim(out / f'.{name}.lock'): continue
+        t0 = time.perf_counter()
+        try: r = run_cell(data, cell, seed, schedule, out, fixes)
+        except Exception as e:                            # the next job still runs
+            print(f"{name}: failed with {type(e).__name__}: {e}", flush=True); continue
+        finally: (out / f'.{name}.lock').unlink(missing_ok=True)
+        if not r.get('complete'): print(f"{name}: {r.get('failed', 'incomplete')}"); continue
+        s = r['samples']
+        print(f"{name}: {r['steps']} steps, {r['cpu_seconds']:.0f} CPU s, K "
+              f"{r['scores']['as_specified']['K_bits']:.4f} {r['unit']}, samples "
+              f"{ {k: round(v, 3) for k, v in s.items() if isinstance(v, float)} }, "
+              f"{time.perf_counter() - t0:.0f} s", flush=True)
 
 
 if __name__ == '__main__':

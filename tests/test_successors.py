@@ -1,6 +1,7 @@
 """The successors' kernels and losses (dpm.successors): the eps mean against the forward posterior,
 L_simple's weights recovered from the bound's KL terms, the interpolated variance's bounds, the
-cosine schedule's endpoints, the verdict, and clear errors on bad input."""
+cosine schedule's endpoints, clear errors on bad input; and the study of dpm.factorial: its
+forward process, its records, and the rules of a verdict."""
 import math
 
 import pytest
@@ -9,13 +10,18 @@ import torch
 from dpm.diffusion import GaussianDiffusion, GaussianSchedule
 from dpm.reverse import MLPReverse
 from dpm.image_network import reference_kernel
-from dpm.successors import (BANDS, LADDER, SuccessorReverse, band_ranges, clipped_mean,
+from dpm.successors import (BANDS, SuccessorReverse, band_ranges, clipped_mean,
                             compare_variants, cosine_schedule, eps_mean, implied_eps,
-                            interpolated_variance, k_bands, ladder_models, linear_schedule,
+                            interpolated_variance, k_bands, linear_schedule,
                             posterior_variance, posterior_variances, predicted_x0, rescale_bits,
-                            simple_weights, skip_eps, successor_loss, train_budget,
-                            train_successor, verdict, with_fixes)
-from dpm.factorial import FACTORS, excluded, factorial_cells, run_cell, schedule_diffusion
+                            simple_weights, skip_eps, successor_loss, train_budget, with_fixes)
+from dpm.factorial import (CELLS, STUDY_T, compare, curve_difference, pack_values, per_seed,
+                           read_records, run_cell, schedule_facts, seed_test, study_schedule,
+                           unpack_values, verdict)
+
+VARIANTS = {'paper': ('paper', 'learned', 'K'), 'reference': ('reference', 'learned', 'K'),
+            'eps_tilde': ('eps', 'beta_tilde', 'K'), 'ddpm': ('eps', 'beta_tilde', 'simple'),
+            'iddpm': ('eps', 'interp', 'hybrid'), 'skip': ('eps_skip', 'interp', 'hybrid')}
 
 
 def _d(T=20):
@@ -76,7 +82,7 @@ def test_cosine_schedule_endpoints():
 def test_losses_run_and_train_the_right_parts():
     d = _d()
     x0, t, noise = torch.randn(16, 2), torch.randint(2, d.T + 1, (16,)), torch.randn(16, 2)
-    for name, (mean, variance, loss, _) in LADDER.items():
+    for name, (mean, variance, loss) in VARIANTS.items():
         m = _model(d, mean, variance)
         value = successor_loss(d, m, x0, t, noise, loss)
         assert value.shape == (16,) and torch.isfinite(value).all()
@@ -100,25 +106,19 @@ def test_bad_input_is_refused():
         successor_loss(d, _model(d), torch.randn(4, 2), torch.full((4,), 2), torch.randn(4, 2), 'hybrid')
     with pytest.raises(ValueError, match='T must'): cosine_schedule(1)
     with pytest.raises(ValueError, match='beta'): simple_weights(d, 'learned')
-    with pytest.raises(ValueError, match='se'): verdict(1.0, float('nan'))
     with pytest.raises(TypeError): SuccessorReverse(torch.nn.Linear(2, 2))
 
 
-def test_verdict():
-    assert verdict(1.0, 0.1) == 'held' and verdict(-1.0, 0.1) == 'did not hold'
-    assert verdict(0.2, 0.1) == 'undecided'
-
-
-def test_a_tiny_ladder_trains_and_pairs():
+def test_compare_variants_pairs_two_kernels():
     d = _d(8)
-    models = ladder_models(lambda d_: MLPReverse(d_, 2, 16, 1, readout='bumps'), d)
-    assert models['iddpm_cosine'].diffusion.betas[0].item() == d.betas[0].item()
-    same = [p.detach().clone() for p in models['paper'].trunk.parameters()]
-    assert all(torch.equal(a, b) for a, b in zip(same, models['ddpm'].trunk.parameters()))
+    torch.manual_seed(0)
+    trunk = MLPReverse(d, 2, 16, 1, readout='bumps')
+    models = {'reference': SuccessorReverse(trunk, 'reference', 'learned'),
+              'ddpm': SuccessorReverse(trunk, 'eps', 'beta_tilde')}
     x = torch.randn(200, 2)
-    r = train_successor(models['ddpm'], 'simple', x, 3, 16)
+    r = train_budget(models['ddpm'], 'simple', x, 3, 16)
     assert r['steps'] == 3 and r['seconds_per_step'] > 0
-    out = compare_variants({'reference': models['reference'], 'ddpm': models['ddpm']}, x[:50])
+    out = compare_variants(models, x[:50])
     assert out['reference']['minus_reference_bits'] == 0.0
     assert math.isfinite(out['ddpm']['minus_reference_se']) and len(out['ddpm']['kl_t_bits']) == 7
 
@@ -242,21 +242,14 @@ def test_compare_variants_band_differences_against_a_hand_computation():
     assert r['kl_t_bits'] == [2 * v for v in out['kl_t_bits']]
 
 
-def test_the_factorial_design():
-    cells = factorial_cells('swiss_roll')
-    assert len(cells) == 48 and len(set(cells)) == 48
-    assert all(not excluded(*spec) for spec in cells.values())
-    assert 'simple' in excluded('eps_skip', 'interp', 'simple', 'base')
-    assert 'L_simple' in excluded('reference', 'beta', 'hybrid', 'cosine')
-    assert excluded('reference', 'beta', 'K', 'linear') == ''
-    assert set(FACTORS['kernel']) == {'reference', 'eps_skip'}
-    with pytest.raises(ValueError, match='kernel'): excluded('eps', 'beta', 'K', 'base')
-    with pytest.raises(ValueError, match='data'): factorial_cells('cifar')
-    with pytest.raises(ValueError, match='schedule'): schedule_diffusion(_d(), 'sqrt')
-    d = _d()
-    for s in ('cosine', 'linear'):
-        d2 = schedule_diffusion(d, s)
-        assert d2.T == d.T and d2.betas[0] == d.betas[0] and not torch.equal(d2.betas, d.betas)
+def test_the_study_runs_on_one_forward_process_without_a_jump():
+    s = study_schedule()
+    f = schedule_facts(s['betas'])
+    assert f['T'] == STUDY_T and f['beta_2_over_beta_1'] <= 2 + 1e-9 and f['beta_T'] <= 0.1
+    j = schedule_facts(study_schedule('jump')['betas'])
+    assert j['beta_2_over_beta_1'] == pytest.approx(200) and j['beta_2'] == f['beta_2']
+    with pytest.raises(ValueError, match="'linear' or 'jump'"): study_schedule('cosine')
+    assert CELLS['unet-eps-tilde-simple'][0] == 'unet'
 
 
 def test_train_budget_stops_at_the_first_budget_and_scores_checkpoints():
@@ -272,15 +265,52 @@ def test_train_budget_stops_at_the_first_budget_and_scores_checkpoints():
     assert 1 <= r['steps'] < 10**6 and r['cpu_seconds'] >= 0.05
 
 
-def test_run_cell_writes_one_record_and_resumes(tmp_path):
-    with pytest.raises(ValueError, match='no cell'): run_cell('swiss_roll', 'eps-beta-K-base')
-    kw = dict(steps=6, checkpoints=(3,), out=tmp_path, n_eval=50, n_curve=20, n_samples=50)
-    r = run_cell('swiss_roll', 'reference-beta-K-linear', **kw)
+def test_run_cell_writes_one_self_describing_record_and_resumes(tmp_path):
+    with pytest.raises(ValueError, match='no cell'): run_cell('swiss_roll', 'unet-eps-tilde-simple')
+    kw = dict(steps=8, out=tmp_path, n_eval=40, n_curve=20, n_samples=40)
+    r = run_cell('swiss_roll', 'eps-tilde-K', **kw)
     files = list(tmp_path.glob('*.json'))
-    assert [f.name for f in files] == ['swiss_roll-reference-beta-K-linear-seed0.json']
-    assert r['steps'] == 6 and len(r['curve']) == 1
-    assert set(r['variants']) == {'as_specified', 'fix_first', 'clip_x0', 'both'}
-    assert set(r['samples']) == {'as_specified', 'clip_x0'}
+    assert [f.name for f in files] == ['swiss_roll-eps-tilde-K-linear-seed0.json']
+    assert r['complete'] and r['steps'] == 8 and [p['steps'] for p in r['curve']] == [1, 2, 4, 8]
+    for key in ('trunk', 'kernel', 'variance', 'loss', 'seed', 'machine', 'cpu_seconds'):
+        assert key in r
+    assert r['schedule']['name'] == 'linear' and r['schedule']['beta_2_over_beta_1'] <= 2 + 1e-9
+    assert len(unpack_values(r['scores']['as_specified']['examples']['K'])) == 40
     mtime = files[0].stat().st_mtime_ns
-    assert run_cell('swiss_roll', 'reference-beta-K-linear', **kw)['cell'] == r['cell']
+    assert run_cell('swiss_roll', 'eps-tilde-K', **kw)['cell'] == r['cell']
     assert files[0].stat().st_mtime_ns == mtime                    # skipped, not rewritten
+    assert list(read_records(tmp_path)['swiss_roll']) == ['eps-tilde-K']
+
+
+def _fake(cell, seed, k, first=0.0, schedule='linear'):
+    ex = {'K': k, 't = 2': first + 0 * k, 't = T': 0 * k, 'rest': k}
+    return dict(cell=cell, seed=seed, data='swiss_roll', sizes={}, schedule={'name': schedule},
+                steps=10, samples=dict(true_ll_bits=1.0),
+                curve=[dict(steps=5, cpu_seconds=1.0, K_bits=0.0),
+                       dict(steps=10, cpu_seconds=2.0, K_bits=seed * 0.01)],
+                scores={'as_specified': {'examples': {p: pack_values(v) for p, v in ex.items()}}})
+
+
+def test_a_verdict_needs_five_seeds_p_below_001_the_effect_and_no_end_step():
+    g = torch.Generator().manual_seed(0)
+    base = [torch.randn(200, generator=g, dtype=torch.float64) for _ in range(6)]
+    gaps = [0.3, 0.35, 0.32, 0.28, 0.31, 0.33]
+    a = [_fake('a', s, b + x) for s, (b, x) in enumerate(zip(base, gaps))]
+    b = [_fake('b', s, v) for s, v in enumerate(base)]
+    floors = dict(real=dict(true_ll_bits=2.0), gaussian=dict(true_ll_bits=-2.0))
+    c = compare('swiss_roll', a, b, floors)
+    assert c['verdict'] == ('higher', '') and c['K']['df'] == 5 and c['K']['p'] < 1e-4
+    assert compare('swiss_roll', a[:4], b, floors)['verdict'][0] == 'no verdict'     # 4 seeds
+    carried = [_fake('a', s, v + x, first=x) for s, (v, x) in enumerate(zip(base, gaps))]
+    assert 't = 2' in compare('swiss_roll', carried, b, floors)['verdict'][1]
+    small = [_fake('a', s, v + 0.01 * x) for s, (v, x) in enumerate(zip(base, gaps))]
+    assert 'effect' in compare('swiss_roll', small, b, floors)['verdict'][1]
+    assert c['samples']['diff'] == 0.0 and c['samples_verdict'][0] == 'no verdict'
+    assert c['equal_time']['seeds'] == 6
+    with pytest.raises(ValueError, match='different forward processes'):
+        per_seed(a, [_fake('b', 0, base[0], schedule='jump')])
+    assert curve_difference(a, b) == {s: 0.0 for s in range(6)}
+    t = seed_test([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert t['df'] == 4 and t['t'] == pytest.approx(3 / (math.sqrt(2.5) / math.sqrt(5)))
+    with pytest.raises(ValueError, match='effect'): verdict(t, 0.0)
+    with pytest.raises(ValueError, match='packed'): unpack_values('abc')
