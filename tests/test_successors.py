@@ -314,3 +314,23 @@ def test_a_verdict_needs_five_seeds_p_below_001_the_effect_and_no_end_step():
     assert t['df'] == 4 and t['t'] == pytest.approx(3 / (math.sqrt(2.5) / math.sqrt(5)))
     with pytest.raises(ValueError, match='effect'): verdict(t, 0.0)
     with pytest.raises(ValueError, match='packed'): unpack_values('abc')
+
+
+def test_committed_study_records_describe_themselves():
+    "Every committed record of chapter 15b says what it is, where it ran, and matches its name."
+    import json
+    from dpm.factorial import study_dir
+    paths = sorted(study_dir().glob('*-seed*.json'))
+    assert paths, 'no committed records of the study'
+    for p in paths:
+        r = json.loads(p.read_text())
+        assert p.stem == f"{r['data']}-{r['cell']}-{r['schedule']['name']}-seed{r['seed']}", p
+        assert CELLS[r['cell']] == (r['trunk'], r['kernel'], r['variance'], r['loss']), p
+        s = r['schedule']
+        assert {'T', 'beta_1', 'beta_2', 'beta_T', 'beta_2_over_beta_1'} <= set(s), p
+        if s['name'] == 'linear':                       # the study's one forward process
+            assert s['T'] == 1000 and s['beta_2_over_beta_1'] <= 2 and s['beta_T'] <= 0.02, p
+        assert r['complete'] and not r['small'] and r['threads'] == 1, p
+        assert r['steps'] == r['budget']['steps'] and r['cpu_seconds'] > 0, p
+        assert {'processor', 'platform', 'torch'} <= set(r['machine']), p
+        assert math.isfinite(r['scores']['as_specified']['K_bits']), p
