@@ -86,6 +86,18 @@ SHARDS = [p for name in PACKS for p in sorted((ROOT / 'results' / name / 'weight
 BUILD_FILES = ['setup.py', 'settings.ini', 'pyproject.toml', 'MANIFEST.in', 'README.md']
 
 
+def confident_share(samples) -> str:
+    """Python lines that set `share`: the fraction of the samples saved at `samples` (drawn by the
+    model `d` the lines before them load) that the shipped digit classifier reads with confidence."""
+    return ('import torch\n'
+            'from dpm.digit_classifier import load_classifier, classifier_path, digit_outputs\n'
+            'from dpm.data import model_scaler\n'
+            'net = load_classifier(train_if_missing=False)\n'
+            f'x = torch.load({str(samples)!r})\n'
+            'u = model_scaler(d).inverse(x.double()).clamp(0, 1)\n'
+            'share = (digit_outputs(net, u)[1].max(1).values > 0.9).double().mean().item()\n')
+
+
 def run_python(code: str, cwd, env, timeout: float = 300):
     "Run `code` in the installed package's Python, outside the checkout."
     return subprocess.run([sys.executable, '-c', code], cwd=cwd, env=env, capture_output=True,
@@ -175,17 +187,10 @@ def test_installed_cli_samples_digits(installed, tmp_path):
                        timeout=600)
     assert r.returncode == 0, f'dpm sample mnist:\n{r.stdout}\n{r.stderr}'
     assert 'using the model shipped with dpm' in r.stderr, r.stderr
-    code = ('import torch\n'
-            'from dpm.digit_classifier import load_classifier, classifier_path, digit_outputs\n'
-            'from dpm.mnist import MNIST\n'
+    code = ('from dpm.mnist import MNIST\n'
             'import dpm.training as t\n'
-            'net = load_classifier(train_if_missing=False)\n'
-            f'x = torch.load({str(out / "samples.pt")!r})\n'
             'd, rev, info, cfg = t.load_model(MNIST, t.packaged_model("mnist"))\n'
-            'from dpm.data import model_scaler\n'
-            'u = model_scaler(d).inverse(x.double()).clamp(0, 1)\n'
-            'p = digit_outputs(net, u)[1]\n'
-            'print(classifier_path(), (p.max(1).values > 0.9).double().mean().item())\n')
+            + confident_share(out / 'samples.pt') + 'print(classifier_path(), share)\n')
     r = run_python(code, tmp_path, env)
     assert r.returncode == 0, r.stdout + r.stderr
     where, share = r.stdout.split()
@@ -203,18 +208,11 @@ def test_installed_cli_samples_paper_scale_digits(installed, tmp_path):
                        text=True, timeout=900)
     assert r.returncode == 0, f'dpm sample mnist_gpu:\n{r.stdout}\n{r.stderr}'
     assert 'using the model shipped with dpm' in r.stderr and 'mnist_gpu.bf16.00.pt' in r.stderr
-    code = ('import torch\n'
-            'from dpm.digit_classifier import load_classifier, digit_outputs\n'
-            'from dpm.experiments import load_model, packaged_model\n'
+    code = ('from dpm.experiments import load_model, packaged_model\n'
             'from dpm.cli import get_experiment\n'
-            'from dpm.data import model_scaler\n'
-            'net = load_classifier(train_if_missing=False)\n'
-            f'x = torch.load({str(out / "samples.pt")!r})\n'
             'path = packaged_model("mnist_gpu")\n'
             'd, rev, info, cfg = load_model(get_experiment("mnist_gpu"), path)\n'
-            'u = model_scaler(d).inverse(x.double()).clamp(0, 1)\n'
-            'p = digit_outputs(net, u)[1]\n'
-            'print(path, info["steps"], (p.max(1).values > 0.9).double().mean().item())\n')
+            + confident_share(out / 'samples.pt') + 'print(path, info["steps"], share)\n')
     r = run_python(code, tmp_path, env)
     assert r.returncode == 0, r.stdout + r.stderr
     where, steps, share = r.stdout.split()
