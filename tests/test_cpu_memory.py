@@ -1,7 +1,7 @@
 """The CPU allocator setting (appendix A6) and the value checks that read a tensor's two ends (01):
-the setting is applied when dpm is imported on glibc, turned off by DPM_KEEP_MEMORY=0, a no-op where
-there is no glibc; a reverse model that goes bad at one step of one example still stops sampling and
-evaluation with the same one-line error."""
+on glibc, dpm's chains (sampling, the bound, training) keep freed memory for the next step, which
+DPM_KEEP_MEMORY=0 turns off; a no-op where there is no glibc; a reverse model that goes bad at one
+step of one example still stops sampling and evaluation with the same one-line error."""
 import json
 import os
 import subprocess
@@ -18,8 +18,13 @@ glibc_only = pytest.mark.skipif(not ON_GLIBC, reason='the setting applies to gli
 
 CHILD = """
 import json, resource, torch, dpm
+from dpm.diffusion import GaussianDiffusion
+def reverse(x, t):                                           # 32 MiB of activations a step
+    torch.ones(8 * 2 ** 20)
+    return torch.zeros_like(x), torch.full_like(x, 0.1)
+d = GaussianDiffusion(torch.full((9,), 0.1))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(8): torch.ones(8 * 2 ** 20)                  # 32 MiB, allocated and freed 8 times
+d.sample(reverse, (4, 3))                                    # 8 steps through the model
 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before
 print(json.dumps(dict(state=dpm.cpu_memory.ALLOCATOR, faults=faults)))
 """
@@ -35,7 +40,7 @@ def _child(**env):
 
 
 @glibc_only
-def test_importing_dpm_keeps_freed_memory_and_the_setting_turns_it_off():
+def test_sampling_keeps_freed_memory_and_the_setting_turns_it_off():
     pages = 8 * 2 ** 20 * 4 // 4096                          # one tensor's pages
     on, off = _child(), _child(DPM_KEEP_MEMORY='0')
     assert on['state'] == 'on' and off['state'] == 'off (DPM_KEEP_MEMORY=0)'
@@ -65,8 +70,10 @@ def test_no_op_without_glibc(monkeypatch, platform, confstr):
             return confstr
         monkeypatch.setattr(cpu_memory.os, 'confstr', fake)
     assert cpu_memory.glibc() is None
-    assert cpu_memory.keep_freed_memory({}).startswith('not applicable')
+    assert cpu_memory.allocator_setting({}).startswith('not applicable')
     assert cpu_memory.release_freed_memory() is False
+    monkeypatch.setattr(cpu_memory, '_libc', None)           # as at import without glibc
+    with cpu_memory.kept_memory(): assert cpu_memory._depth == 0
 
 
 def _bad_at(step, value, where='mean'):
@@ -107,3 +114,27 @@ def test_one_bad_probability_at_one_step_stops_binomial_sampling(value, message)
         return prob
     with pytest.raises(ValueError, match=message):
         bd.sample(model, (3, 5))
+
+
+def test_training_runs_inside_kept_memory(monkeypatch, tmp_path):
+    "run() trains inside kept_memory(); its setting-up (data, model) runs outside."
+    from dpm import experiments
+    from dpm.cli import get_experiment
+    seen = []
+    real_train, real_data = experiments.train, experiments.experiment_data
+    def train(*a, **k):
+        seen.append(('train', cpu_memory._depth)); return real_train(*a, **k)
+    def data(*a, **k):
+        seen.append(('data', cpu_memory._depth)); return real_data(*a, **k)
+    monkeypatch.setattr(experiments, 'train', train)
+    monkeypatch.setattr(experiments, 'experiment_data', data)
+    monkeypatch.setattr(cpu_memory, '_libc', cpu_memory._libc or _Recorder())
+    experiments.run(get_experiment('swiss_roll'), tmp_path / 'run', dict(steps=3), progress=False)
+    assert seen == [('data', 0), ('train', 1)]
+    assert cpu_memory._depth == 0
+
+
+class _Recorder:
+    "Stands in for glibc where there is none: records mallopt calls."
+    def __init__(self): self.calls = []
+    def mallopt(self, option, value): self.calls.append((option, value)); return 1
