@@ -59,6 +59,7 @@ class TrainConfig:
     max_minutes: Optional[float] = setting(None, Key(float, 0, open='l', optional=True))  # stop
     schedule_lr: Optional[float] = setting(None, Key(float, 0, open='l', optional=True))
     patience: int = setting(0, Key(int, 0))       # evaluations without a better K before stopping
+    warm_batches: int = setting(200, Key(int, 0))  # minibatches at rate 0 after a warm restart
     def __post_init__(self): check_config(asdict(self), TRAIN_KEYS)
 
     @classmethod
@@ -119,7 +120,7 @@ def check_compatible(ckpt: dict, module: nn.Module, config: dict, path):
 
 # may change between resumes: how long and how often, and how the arithmetic is done
 _RESUMABLE = ('steps', 'eval_every', 'eval_size', 'checkpoint_every', 'checkpoint_minutes',
-              'max_minutes', 'amp', 'channels_last', 'compile', 'cuda_graph')
+              'max_minutes', 'amp', 'channels_last', 'compile', 'cuda_graph', 'warm_batches')
 def _comparable(cfg):
     return {k: v for k, v in {**TRAIN_DEFAULTS, **cfg}.items() if k not in _RESUMABLE}
 
@@ -268,6 +269,7 @@ def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint
     ema = WeightAverage(model, cfg.ema) if cfg.ema else None
     state = _RunState(model, opt, ema, torch.Generator(device='cpu'), full_config, device)
     state.restarts = []                  # the warm restarts behind this run (eq-train-warm)
+    state.prime = 0                      # minibatches that fill a fresh optimiser (eq-train-prime)
     with torch.no_grad(): state.alpha_bar_T_start = model['diffusion'].alphas_bar()[-1].item()
     if checkpoint is None or not Path(checkpoint).exists():
         if init is not None: return _warm_start(state, init)
@@ -520,6 +522,8 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
     last_eval, t_done, step_0 = None, state.train_seconds, state.step
     stop = _no_better(state.history, cfg.patience)             # a resumed run that had stopped
     t_start = last_save = time.perf_counter()
+    if state.prime and state.step < cfg.steps:                 # a warm restart (eq-train-prime)
+        _prime(state, objective, d, train_data, cfg, share, fmt)
     while state.step < cfg.steps and not stop:
         stop = advance(t_start)
         state.train_seconds = t_done + time.perf_counter() - t_start
@@ -556,11 +560,33 @@ def _warm_start(state: _RunState, init) -> _RunState:
     if state.ema is not None: state.ema.module.load_state_dict(ck['model'])   # average from here
     state.step, state.train_seconds, state.running = k, float(seconds), running
     state.history = list(history)
+    state.prime = state.config['warm_batches']                       # eq-train-prime, in train
     state.restarts = [*_restart_list(info.get('restarts'), init), dict(
-        step=k, train_seconds=float(seconds), init=str(init), checksum=ck['checksum'])]
+        step=k, train_seconds=float(seconds), init=str(init), checksum=ck['checksum'],
+        warm_batches=state.prime)]
     seed = (state.config['seed'] + 1_000_003 * k) % 2 ** 63     # new streams, not the first run's
     torch.manual_seed(seed); state.gen.manual_seed(seed + 1)
     return state
+
+# %% ../nbs/05_training.ipynb #f3a7000c
+def _prime(state: _RunState, objective, d, train_data, cfg: TrainConfig, share: tuple, fmt):
+    "A fresh optimiser's v from `state.prime` minibatches at rate 0, m from 0 (eq-train-prime)."
+    rates = [g['lr'] for g in state.opt.param_groups]
+    for g in state.opt.param_groups: g['lr'] = 0.0      # the moments move, the weights do not
+    for _ in range(state.prime):
+        batch = _minibatch(d, train_data, cfg, state.gen, share, fmt, state.device)
+        loss = -objective(*batch).mean()
+        state.opt.zero_grad(set_to_none=True); loss.backward()
+        loss, _ = agree_across_ranks(loss, False)
+        if not torch.isfinite(loss):
+            raise FloatingPointError(f"the bound estimate became {loss.item()} while filling the "
+                                     f"optimiser's moments at step {state.step}")
+        if cfg.grad_clip: torch.nn.utils.clip_grad_norm_(state.model.parameters(), cfg.grad_clip)
+        state.opt.step()
+    for g, rate in zip(state.opt.param_groups, rates): g['lr'] = rate
+    for s in state.opt.state.values():                # Adam's m from zero, v kept: rho_0
+        if 'exp_avg' in s: s['exp_avg'].zero_()
+    state.prime = 0
 
 # %% ../nbs/05_training.ipynb #fb000004
 _MOVED_TO = ('settings', 'files', 'checkpoints', 'devices', 'experiments')   # where they went
