@@ -336,7 +336,8 @@ def examples(kind: str, cfg: dict):
 def data_facts(kind: str, cfg: dict) -> dict:
     "What the data decide (training split): dims, column scales, p, size, channels, scaler."
     x, got = examples(kind, cfg)
-    train, _ = split_indices(len(x), cfg['heldout'], cfg['split_seed'])
+    try: train, _ = split_indices(len(x), cfg['heldout'], cfg['split_seed'])
+    except DataError as e: raise DataError(f"{cfg['data']}: {e}") from None
     xt = x[train.numpy()]
     facts = dict(n_examples=len(x), dims=int(np.prod(x.shape[1:])))
     if kind == 'images':
@@ -578,7 +579,7 @@ def plot_beside(kind: str, data, samples, names=None, title: str = ''):
             ax.scatter(x[:, 0], x[:, 1], s=2); ax.set_aspect('equal', 'datalim')
             if names: ax.set_xlabel(names[0]); ax.set_ylabel(names[1])
         elif kind == 'bits':
-            ax.imshow(x[:40].float(), cmap='gray_r', interpolation='nearest', aspect='auto')
+            ax.imshow(x[:40].float().numpy(), cmap='gray_r', interpolation='nearest', aspect='auto')
             ax.set_xlabel('bit'); ax.set_ylabel('example')
         else:
             grid = image_grid(x[:64].float(), min_size=256)
