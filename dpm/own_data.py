@@ -395,16 +395,16 @@ def data_defaults(kind: str, facts: dict, small: bool) -> dict:
                   eval_every=s(1000, 0), eval_size=s(500, 100), n_eval=s(1000, 200))
     if kind == 'points':
         return common | dict(T=s(40, 20), width=s(128, 32), n_bumps=10,
-                             steps=s(6000, 300), batch_size=min(s(512, 128), n_train), lr=3e-3,
+                             steps=s(4000, 300), batch_size=min(s(512, 128), n_train), lr=3e-3,
                              iw_samples=s(100, 10))
     if kind == 'bits':
         return common | dict(T=s(200, 50), width=s(128, 32), n_bumps=s(20, 10),
-                             steps=s(6000, 300), batch_size=min(s(256, 128), n_train), lr=3e-3,
+                             steps=s(4000, 300), batch_size=min(s(256, 128), n_train), lr=3e-3,
                              iw_samples=s(100, 10))
     size = facts['size']
     return common | dict(T=s(100, 10), n_scales=_scales(size),
                          conv_channels=s(32 if size <= 16 else 48, 8), conv_layers=s(3, 2),
-                         hidden_1x1=s(32, 8), layers_1x1=s(2, 1), steps=s(4000, 40),
+                         hidden_1x1=s(32, 8), layers_1x1=s(2, 1), steps=s(3000, 40),
                          batch_size=min(s(32, 16), n_train), lr=2e-3, ema=s(0.995, 0.9),
                          eval_size=s(100, 20), n_eval=s(500, 40), iw_samples=s(10, 0))
 
@@ -693,7 +693,22 @@ def save(self: DiffusionModel, path):
 def _fitted(self: DiffusionModel):
     if self.cfg is None: raise ConfigError("the model is not fitted: call fit(X) or load(path)")
 
-# %% ../nbs/15c_own_data.ipynb #ocfe2ef4
+# %% ../nbs/15c_own_data.ipynb #ocfb6443
+@patch
+def heldout(self: DiffusionModel) -> np.ndarray:
+    "The held-out examples of the model's data, in the user's units (images: uint8 levels)."
+    self._fitted()
+    x, _ = examples(self.kind, self.cfg)
+    return x[split_indices(len(x), self.cfg['heldout'], self.cfg['split_seed'])[1].numpy()]
+
+@patch
+def evaluate(self: DiffusionModel) -> dict:
+    "`dpm evaluate`'s numbers: K on the held-out split beside its baseline, bits per dimension."
+    self._fitted()
+    held = _data(self.kind, self.cfg, self.cfg.get('seed', 0))[1]
+    return EXPERIMENTS[self.kind].evaluate(self.d, self.reverse, self.cfg, held)
+
+# %% ../nbs/15c_own_data.ipynb #oc827bfc
 def model_images(paths, cfg: dict) -> tuple:
     "(uint8 images (n, C, S, S) by the size rule, their files); refused if they cannot fit cfg."
     files = []
@@ -731,7 +746,7 @@ def _user_examples(self: DiffusionModel, X) -> np.ndarray:
     if kind == 'bits': _check_bits(Table(x.astype(np.float64), cfg['names']), 'the examples')
     return x
 
-# %% ../nbs/15c_own_data.ipynb #oc827bfc
+# %% ../nbs/15c_own_data.ipynb #oc64e095
 @patch
 def score_samples(self: DiffusionModel, X, iw: int = 0, seed: int = 0) -> np.ndarray:
     """Log-likelihood of each example in nats, user units (eq-own-units): the bound K
@@ -760,7 +775,7 @@ def sample(self: DiffusionModel, n: int = 1, seed: int = 0) -> np.ndarray:
     z = self.d.sample(self.reverse, (int(n), *event), device=self.d.device)
     return to_user_units(self.kind, self.cfg, z).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oc2e01e1
+# %% ../nbs/15c_own_data.ipynb #oce1822d
 @patch
 def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples given the entries of one example `x` where `known` is true (images: a
@@ -778,7 +793,7 @@ def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.nda
                             known.expand(z.shape).to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oce1822d
+# %% ../nbs/15c_own_data.ipynb #ocb7eb6c
 @patch
 def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples of the clean example given `y` observed with Gaussian noise of standard
@@ -801,7 +816,7 @@ def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) ->
     out = posterior_denoise(self.d, self.reverse, z, var.float().to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oca93349
+# %% ../nbs/15c_own_data.ipynb #occ5b76d
 class _DataOption(argparse.Action):
     "--data PATH: the same as --set data=PATH, with the path made absolute."
     def __call__(self, parser, ns, value, option_string=None):
@@ -814,7 +829,7 @@ def _run_options(q, what: str):
     q.add_argument('--device', default=None, metavar='DEV', help="'cpu', 'cuda', ...")
     q.add_argument('--seed', type=int, default=0, help=f'seed of the {what} (default 0)')
 
-# %% ../nbs/15c_own_data.ipynb #occ5b76d
+# %% ../nbs/15c_own_data.ipynb #oc80e28a
 def add_verbs(sub):
     "`dpm train`'s --data and the verbs score, inpaint, denoise (dpm.cli.parser calls this)."
     sub.choices['train'].add_argument(
@@ -849,7 +864,7 @@ def add_verbs(sub):
             q.add_argument('--point', metavar='V,V,...', help='the noisy point (points models)')
             q.set_defaults(func=cmd_denoise)
 
-# %% ../nbs/15c_own_data.ipynb #oc80e28a
+# %% ../nbs/15c_own_data.ipynb #oc8effee
 def _csv_text(header: list, rows: list) -> str:
     import io
     buf = io.StringIO(); w = csv.writer(buf, lineterminator='\n')
@@ -882,7 +897,7 @@ def cmd_score(args):
           f"({k.mean() / LN2 / cfg['dims']:.4g} bits/dim); lowest {names[low]} ({k[low]:.4g}); "
           f"written to {target}")
 
-# %% ../nbs/15c_own_data.ipynb #oc8effee
+# %% ../nbs/15c_own_data.ipynb #oc54ceb9
 def _known(text: str, names: list) -> tuple:
     "(values, mask) of --known 'x1=0.5,x3=2' over the columns `names`."
     x, mask = np.zeros(len(names)), np.zeros(len(names), bool)
@@ -897,7 +912,7 @@ def _known(text: str, names: list) -> tuple:
     if not mask.any(): raise ConfigError('--known names no column, e.g. --known "x1=0.5"')
     return x, mask
 
-# %% ../nbs/15c_own_data.ipynb #oc54ceb9
+# %% ../nbs/15c_own_data.ipynb #oc9109c8
 def _image_and_mask(args, cfg) -> tuple:
     "The --image as the model sees it, and its known pixels from --mask or --box (inpaint)."
     if not args.image: raise ConfigError("an images model needs --image FILE")
@@ -921,7 +936,7 @@ def _image_and_mask(args, cfg) -> tuple:
         return x, known
     return x, None
 
-# %% ../nbs/15c_own_data.ipynb #oc9109c8
+# %% ../nbs/15c_own_data.ipynb #oc667be5
 def _posterior_figure(observed, samples, title: str):
     "Observed image, up to six posterior samples and their mean (levels 0..255)."
     k = min(len(samples), 6)
@@ -951,7 +966,7 @@ def _write_outputs(run, verb: str, m, samples, observed=None):
     finally: plt.close(fig)
     print(f"{len(samples)} samples written to {out / f'{verb}.npy'} and {out / f'{verb}.png'}")
 
-# %% ../nbs/15c_own_data.ipynb #oc667be5
+# %% ../nbs/15c_own_data.ipynb #oc5a5b0f
 def _count(n: int) -> int:
     if not 1 <= n <= 10_000: raise ConfigError(f"-n must lie in [1, 10000], got {n}")
     return n

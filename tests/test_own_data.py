@@ -312,3 +312,16 @@ def test_a_bad_table_in_a_fresh_process_is_one_line(tmp_path):
     one_line(dpm_process('train', 'points', '--data', str(tmp_path / 'r.csv'), '--out', str(tmp_path / 'o')),
              'ragged')
     assert not (tmp_path / 'o').exists()
+
+
+def test_the_manuals_python_example_runs_as_written(tmp_path):
+    "nbs/using_dpm.md's example of DiffusionModel, in a fresh process, in a temporary folder."
+    text = (Path(__file__).resolve().parents[1] / 'nbs' / 'using_dpm.md').read_text()
+    section = text.split('## Your own data', 1)[1]
+    code = section.split('```python\n', 1)[1].split('```', 1)[0]
+    import subprocess, sys
+    from hostile_helpers import ENV
+    r = subprocess.run([sys.executable, '-c', 'import torch; torch.set_num_threads(1)\n' + code],
+                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / 'ring.pt').exists()
