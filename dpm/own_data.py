@@ -2,12 +2,12 @@
 
 # %% auto #0
 __all__ = ['TABLE_SUFFIXES', 'TABLE_MAX_BYTES', 'TABLE_MAX_VALUES', 'IMAGE_MAX_PIXELS', 'IMAGES_MAX_BYTES', 'GREY_MODES',
-           'MAX_SIZE', 'KINDS', 'IMAGES', 'POINTS', 'BITS', 'EXPERIMENTS', 'Table', 'read_table', 'image_suffixes',
-           'image_files', 'BadImage', 'open_image', 'load_image', 'ImageFolder', 'auto_size', 'read_images',
-           'read_data', 'split_indices', 'files_hash', 'examples', 'data_facts', 'to_model_units', 'to_user_units',
-           'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices', 'per_example_bound', 'baseline_log_prob',
-           'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_images', 'add_verbs', 'cmd_score', 'cmd_inpaint',
-           'cmd_denoise']
+           'MAX_SIZE', 'DECODED_MAX_BYTES', 'KINDS', 'IMAGES', 'POINTS', 'BITS', 'EXPERIMENTS', 'Table', 'read_table',
+           'image_suffixes', 'image_files', 'BadImage', 'open_image', 'by_rule', 'decoded', 'load_image', 'ImageFolder',
+           'auto_size', 'read_images', 'read_data', 'split_indices', 'files_hash', 'examples', 'data_facts',
+           'to_model_units', 'to_user_units', 'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices',
+           'per_example_bound', 'baseline_log_prob', 'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_images',
+           'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
 
 # %% ../nbs/15c_own_data.ipynb #ocda4b92
 import argparse, csv, functools, hashlib, json, math, os, sys, tempfile, time, warnings
@@ -208,19 +208,32 @@ def _eight_bit(im: Image.Image, channels: int) -> Image.Image:
         a = np.asarray(im, dtype=np.float64)
         if a.max(initial=0) > 255: a = a / 257                          # 16-bit levels
         im = Image.fromarray(np.clip(np.rint(a), 0, 255).astype(np.uint8), 'L')
-    return im.convert('L' if channels == 1 else 'RGB')
+    mode = 'L' if channels == 1 else 'RGB'
+    return im if im.mode == mode else im.convert(mode)
+
+def by_rule(im: Image.Image, size: int, channels: int) -> np.ndarray:
+    "A decoded image by the size rule: EXIF-rotated, centre-cropped, resized; uint8 (C, S, S)."
+    ImageOps.exif_transpose(im, in_place=True)
+    im = _eight_bit(im, channels)
+    if im.size != (size, size): im = ImageOps.fit(im, (size, size), Image.Resampling.LANCZOS)
+    a = np.asarray(im, dtype=np.uint8)
+    return a[None] if channels == 1 else a.transpose(2, 0, 1)
+
+def decoded(path, im: Image.Image = None) -> Image.Image:
+    "The image at `path` (or `im`, opened from it) decoded, header checked, its file closed."
+    im = im or open_image(path)
+    try:
+        im.load()
+        if getattr(im, 'fp', None) is not None:       # a file of several frames stays open
+            first = im.copy(); im.close(); im = first
+        return im
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as e:
+        im.close()
+        raise BadImage(f"{path} is damaged or truncated ({str(e)[:60]})") from None
 
 def load_image(path, size: int, channels: int) -> np.ndarray:
-    "One image by the size rule: EXIF-rotated, centre-cropped, resized; uint8 (channels, size, size)."
-    with open_image(path) as im:
-        try:
-            im.load()
-            im = _eight_bit(ImageOps.exif_transpose(im), channels)
-            im = ImageOps.fit(im, (size, size), Image.Resampling.LANCZOS)
-        except (OSError, ValueError, SyntaxError) as e:
-            raise BadImage(f"{path} is damaged or truncated ({str(e)[:60]})") from None
-        a = np.asarray(im, dtype=np.uint8)
-    return a[None] if channels == 1 else a.transpose(2, 0, 1)
+    "One image file by the size rule: uint8 (channels, size, size)."
+    return by_rule(decoded(path), size, channels)
 
 # %% ../nbs/15c_own_data.ipynb #oc0716d9
 @dataclass
@@ -233,17 +246,24 @@ class ImageFolder:
     alpha: int             # images whose alpha channel was dropped
     colour: int            # colour images (0: every image grey)
 
-def _headers(files, skip_bad: bool) -> tuple:
-    "(kept files, their (width, height, grey, alpha), skipped files) from the headers only."
-    kept, info, skipped = [], [], []
+DECODED_MAX_BYTES = 1 << 28             # decoded images kept between the passes: 256 MiB
+
+def _first_pass(files, skip_bad: bool) -> tuple:
+    """(kept files, their (width, height, grey, alpha), decoded images or None, skipped files):
+    images decoded while DECODED_MAX_BYTES allows, else only their headers read."""
+    kept, info, images, skipped, budget = [], [], [], [], DECODED_MAX_BYTES
     for p in files:
         try:
-            with open_image(p) as im: info.append((*im.size, _is_grey(im), _has_alpha(im)))
-            kept.append(p)
+            im = open_image(p)
+            facts, size = (*im.size, _is_grey(im), _has_alpha(im)), im.width * im.height * len(
+                im.getbands())
+            if size <= budget: im, budget = decoded(p, im), budget - size
+            else: im = im.close()                                  # None: read it again later
         except BadImage:
             if not skip_bad: raise
-            skipped.append(p)
-    return kept, info, skipped
+            skipped.append(p); continue
+        kept.append(p); info.append(facts); images.append(im)
+    return kept, info, images, skipped
 
 # %% ../nbs/15c_own_data.ipynb #oc9e6a55
 def auto_size(info, files) -> int:
@@ -258,7 +278,7 @@ def auto_size(info, files) -> int:
 def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False) -> ImageFolder:
     "The images under `folder` by the size rule; size and channels 0: decided from the data."
     files, others = image_files(folder)
-    files, info, skipped = _headers(files, skip_bad)
+    files, info, first, skipped = _first_pass(files, skip_bad)
     if not files: raise DataError(f"{folder}: every image was bad ({len(skipped)} skipped)")
     colour = sum(not grey for _, _, grey, _ in info)
     channels = channels or (3 if colour else 1)
@@ -267,13 +287,14 @@ def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False
         raise DataError(f"{folder}: {len(files):,} images of {channels} x {size} x {size} need "
                         f"more than {IMAGES_MAX_BYTES >> 20:,} MiB; use fewer or a smaller size")
     out, kept = np.empty((len(files), channels, size, size), np.uint8), []
-    for p in files:
-        try: out[len(kept)] = load_image(p, size, channels)
+    for p, im in zip(files, first):
+        try: out[len(kept)] = by_rule(im, size, channels) if im else load_image(p, size, channels)
         except BadImage:
             if not skip_bad: raise
             skipped.append(p); continue
         kept.append(p)
-    alpha = sum(a for (*_, a), p in zip(info, files) if p in set(kept))
+    kept_set = set(kept)
+    alpha = sum(a for (*_, a), p in zip(info, files) if p in kept_set)
     return ImageFolder(kept, out[:len(kept)], skipped, others, alpha, colour)
 
 # %% ../nbs/15c_own_data.ipynb #oc91032a
