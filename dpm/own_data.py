@@ -27,7 +27,8 @@ from .experiments import Experiment, run, model_from
 from .swiss_roll import geometric_schedule
 from .posterior import inpaint as posterior_inpaint, denoise as posterior_denoise
 from .baselines import fit_gaussian, gaussian_log_prob, paired, grouped_se
-from .image_network import ImageReverse, image_diffusion, network_kwargs, keep_scaler
+from .image_network import (ImageReverse, image_diffusion, network_kwargs, keep_scaler,
+                               linear_path)
 from .data import Scaler, data_checksum, nll_bits_per_dim_8bit
 from .dead_leaves import dequantize
 
@@ -439,7 +440,8 @@ def data_defaults(kind: str, facts: dict, small: bool) -> dict:
                          conv_channels=s(32 if size <= 16 else 48, 8), conv_layers=s(3, 2),
                          hidden_1x1=s(32, 8), layers_1x1=s(2, 1), steps=s(3000, 40),
                          batch_size=min(s(32, 16), n_train), lr=2e-3, ema=s(0.995, 0.9),
-                         eval_size=s(100, 20), n_eval=s(500, 40), iw_samples=s(10, 0))
+                         eval_size=s(100, 20), n_eval=s(500, 40), iw_samples=s(10, 0),
+                         linear_path=n_train > facts['dims'])         # eq-net-residual
 
 # %% ../nbs/15c_own_data.ipynb #ocb6692e
 _COMMON = dict(data='', heldout=0.1, split_seed=0, skip_bad=False, n_eval=1000, iw_samples=0,
@@ -451,6 +453,7 @@ _CONFIGS = dict(
     images=_COMMON | dict(size=0, channels=0, T=100, beta_1=1e-3, learn_schedule=False,
                           schedule_bumps=10, variant='reference', n_scales=3, conv_channels=32,
                           conv_layers=3, kernel_size=3, hidden_1x1=32, layers_1x1=2, n_bumps=10,
+                          linear_path=False,
                           scaler_shift=0.5, scaler_scale=1.0))
 _FACT_KEYS = ('n_examples', 'dims', 'names', 'column_shift', 'column_scale', 'p', 'scaler_shift',
               'scaler_scale')
@@ -495,7 +498,9 @@ def _build(kind: str, cfg: dict):
         return d, BumpMLPReverse(d, cfg['dims'], cfg['width'], cfg['depth'], cfg['n_bumps'])
     d = keep_scaler(image_diffusion(cfg), cfg['scaler_shift'], cfg['scaler_scale'])
     shape = (cfg['channels'], cfg['size'], cfg['size'])
-    return d, ImageReverse(d, shape, pathway='conv', **network_kwargs(cfg, 'conv'))
+    train = lambda: _data(kind, cfg, cfg.get('seed', 0))[0]            # eq-net-residual's fit
+    return d, ImageReverse(d, shape, pathway='conv', **network_kwargs(cfg, 'conv'),
+                           linear=linear_path(cfg, d, shape, train))
 
 def _data(kind: str, cfg: dict, seed: int) -> tuple:
     "(train, held-out) in the model's units; images dequantized from `seed` (eq-data-dequant)."
@@ -513,7 +518,7 @@ def describe_choices(kind: str, cfg: dict) -> str:
     train = f"T={cfg['T']}, {cfg['steps']:,} steps of {cfg['batch_size']}"
     if kind == 'images':
         net = (f"multi-scale conv net {cfg['n_scales']} scales x {cfg['conv_channels']} channels "
-               f"x {cfg['conv_layers']} layers")
+               f"x {cfg['conv_layers']} layers" + (", linear path" if cfg['linear_path'] else ''))
         return (f"{split}; {cfg['channels']} channel(s), each image centre-cropped and resized "
                 f"to {cfg['size']} x {cfg['size']}; {net}; {train}")
     net = f"MLP {cfg['depth']} x {cfg['width']}"
