@@ -325,3 +325,23 @@ def test_the_manuals_python_example_runs_as_written(tmp_path):
                        capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert (tmp_path / 'ring.pt').exists()
+
+
+def test_the_readmes_own_data_commands_run(tmp_path):
+    "README.md's lines for a table of points, as written, on a small CSV (DPM_SMALL=1, few steps)."
+    import re, shlex, subprocess, sys
+    from hostile_helpers import ENV
+    readme = (Path(__file__).resolve().parents[1] / 'README.md').read_text()
+    block = readme.split('Your own data:', 1)[1].split('```bash\n', 1)[1].split('```', 1)[0]
+    lines = [l.split('#', 1)[0].strip() for l in block.splitlines()]
+    lines = [l for l in lines if l.startswith('dpm ') and 'runs/pts' in l]
+    assert len(lines) >= 3
+    np.savetxt(tmp_path / 'pts.csv', moons(300), delimiter=',', header='x1,x2', comments='')
+    for line in lines:
+        args = shlex.split(line)[1:]
+        if args[0] == 'train': args += ['--set', 'steps=20', '--set', 'T=5', '--no-progress']
+        r = subprocess.run([sys.executable, '-c', 'from dpm.cli import main; main()', *args],
+                           capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
+        assert r.returncode == 0, (line, r.stderr[-1500:])
+    assert (tmp_path / 'runs' / 'pts' / 'record.json').exists()
+    assert (tmp_path / 'runs' / 'pts' / 'scores.csv').exists()
