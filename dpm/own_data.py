@@ -151,7 +151,7 @@ def image_suffixes() -> set:
     return {s.lower() for s in Image.registered_extensions()}
 
 def image_files(folder) -> tuple:
-    "(image files under `folder`, sorted; how many other files were left alone)."
+    "(image files under `folder` (paths as strings), sorted; how many other files were left alone)."
     folder = Path(folder)
     if not folder.exists(): raise DataError(f"{folder} does not exist")
     if not folder.is_dir():
@@ -160,8 +160,9 @@ def image_files(folder) -> tuple:
     found, others, suffixes = [], 0, image_suffixes()
     for root, dirs, files in os.walk(folder, followlinks=False, onerror=_walk_error):
         dirs.sort()
-        for name in sorted(files):
-            if Path(name).suffix.lower() in suffixes: found.append(Path(root) / name)
+        for name in sorted(files):                  # names as strings: 100,000 of them are cheap
+            if os.path.splitext(name)[1].lower() in suffixes:
+                found.append(os.path.join(root, name))
             else: others += 1
     if not found:
         raise DataError(f"{folder} holds no images ({others} other file(s)); images end in "
@@ -215,9 +216,13 @@ def _eight_bit(im: Image.Image, channels: int) -> Image.Image:
     mode = 'L' if channels == 1 else 'RGB'
     return im if im.mode == mode else im.convert(mode)
 
+def _may_be_rotated(im: Image.Image) -> bool:
+    "Whether a decoded image carries an orientation: EXIF or XMP data, or a TIFF's own tags."
+    return bool({'exif', 'xmp', 'XML:com.adobe.xmp'} & set(im.info)) or im.format in ('TIFF', 'MPO')
+
 def by_rule(im: Image.Image, size: int, channels: int) -> np.ndarray:
     "A decoded image by the size rule: EXIF-rotated, centre-cropped, resized; uint8 (C, S, S)."
-    ImageOps.exif_transpose(im, in_place=True)
+    if _may_be_rotated(im): ImageOps.exif_transpose(im, in_place=True)
     im = _eight_bit(im, channels)
     if im.size != (size, size): im = ImageOps.fit(im, (size, size), Image.Resampling.LANCZOS)
     a = np.asarray(im, dtype=np.uint8)

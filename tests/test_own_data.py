@@ -114,7 +114,7 @@ def test_exif_orientation_is_applied(tmp_path):
     (tmp_path / 'f').mkdir(); im.save(tmp_path / 'f' / 'r.jpg', exif=exif, quality=100)
     Image.fromarray(a, 'L').save(tmp_path / 'f' / 'plain.png')
     got = read_images(tmp_path / 'f', size=8)
-    plain, rotated = got.images[[got.files.index(tmp_path / 'f' / n) for n in ('plain.png', 'r.jpg')], 0]
+    plain, rotated = got.images[[got.files.index(str(tmp_path / 'f' / n)) for n in ('plain.png', 'r.jpg')], 0]
     assert plain[:, 0].mean() > 200                                            # white on the left
     assert rotated[0].mean() > 200 and rotated[-1].mean() < 50                 # white on top
 
