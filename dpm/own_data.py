@@ -150,6 +150,7 @@ def image_suffixes() -> set:
     "The file name endings Pillow can open."
     return {s.lower() for s in Image.registered_extensions()}
 
+# %% ../nbs/15c_own_data.ipynb #ocf1abd6
 def image_files(folder) -> tuple:
     "(image files under `folder` (paths as strings), sorted; how many other files were left alone)."
     folder = Path(folder)
@@ -172,7 +173,7 @@ def image_files(folder) -> tuple:
 def _walk_error(e: OSError):
     raise DataError(f"cannot read the folder {e.filename} ({e.strerror})")
 
-# %% ../nbs/15c_own_data.ipynb #ocf1abd6
+# %% ../nbs/15c_own_data.ipynb #oc1574bd
 def _is_grey(im: Image.Image) -> bool:
     "Grey by its mode, or a palette of greys."
     if im.mode in GREY_MODES: return True
@@ -184,7 +185,7 @@ def _is_grey(im: Image.Image) -> bool:
 def _has_alpha(im: Image.Image) -> bool:
     return 'A' in im.mode or 'transparency' in im.info
 
-# %% ../nbs/15c_own_data.ipynb #oc1574bd
+# %% ../nbs/15c_own_data.ipynb #oc0716d9
 class BadImage(DataError):
     "A file that is not a usable image: undecodable, truncated, too large."
 
@@ -206,7 +207,7 @@ def open_image(path):
                        f"{IMAGE_MAX_PIXELS:,} (a decompression bomb?)")
     return im
 
-# %% ../nbs/15c_own_data.ipynb #oc0716d9
+# %% ../nbs/15c_own_data.ipynb #oc9e6a55
 def _eight_bit(im: Image.Image, channels: int) -> Image.Image:
     "`im` as 8-bit L (channels 1) or RGB (3); 16-bit levels divided by 257, alpha dropped."
     if im.mode in ('I', 'I;16', 'I;16B', 'I;16L', 'I;16N', 'F'):
@@ -216,6 +217,7 @@ def _eight_bit(im: Image.Image, channels: int) -> Image.Image:
     mode = 'L' if channels == 1 else 'RGB'
     return im if im.mode == mode else im.convert(mode)
 
+# %% ../nbs/15c_own_data.ipynb #ocb3f0c7
 def _may_be_rotated(im: Image.Image) -> bool:
     "Whether a decoded image carries an orientation: EXIF or XMP data, or a TIFF's own tags."
     return bool({'exif', 'xmp', 'XML:com.adobe.xmp'} & set(im.info)) or im.format in ('TIFF', 'MPO')
@@ -240,12 +242,12 @@ def decoded(path, im: Image.Image = None) -> Image.Image:
         im.close()
         raise BadImage(f"{path} is damaged or truncated ({str(e)[:60]})") from None
 
-# %% ../nbs/15c_own_data.ipynb #oc9e6a55
+# %% ../nbs/15c_own_data.ipynb #oc91032a
 def load_image(path, size: int, channels: int) -> np.ndarray:
     "One image file by the size rule: uint8 (channels, size, size)."
     return by_rule(decoded(path), size, channels)
 
-# %% ../nbs/15c_own_data.ipynb #oc91032a
+# %% ../nbs/15c_own_data.ipynb #oc12c6fc
 @dataclass
 class ImageFolder:
     "The images of a folder by the size rule, and what reading them found."
@@ -275,7 +277,7 @@ def _first_pass(files, skip_bad: bool) -> tuple:
         kept.append(p); info.append(facts); images.append(im)
     return kept, info, images, skipped
 
-# %% ../nbs/15c_own_data.ipynb #oc472b07
+# %% ../nbs/15c_own_data.ipynb #ocd435a6
 def auto_size(info, files) -> int:
     "The size rule's default: the smallest shorter side, down to a multiple of 8, at most MAX_SIZE."
     i = min(range(len(info)), key=lambda i: min(info[i][:2]))
@@ -285,7 +287,7 @@ def auto_size(info, files) -> int:
                         f"a side at least (or set size=N to enlarge them)")
     return min(MAX_SIZE, side // 8 * 8)
 
-# %% ../nbs/15c_own_data.ipynb #oc12c6fc
+# %% ../nbs/15c_own_data.ipynb #oc4d134b
 def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False) -> ImageFolder:
     "The images under `folder` by the size rule; size and channels 0: decided from the data."
     files, others = image_files(folder)
@@ -308,7 +310,7 @@ def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False
     alpha = sum(a for (*_, a), p in zip(info, files) if p in kept_set)
     return ImageFolder(kept, out[:len(kept)], skipped, others, alpha, colour)
 
-# %% ../nbs/15c_own_data.ipynb #oc4d134b
+# %% ../nbs/15c_own_data.ipynb #oc887309
 def _listing(path: Path) -> tuple:
     "Names, sizes and modification times of `path` (a file) or of the files under it."
     def one(p): s = p.stat(); return (str(p), s.st_size, s.st_mtime_ns)
@@ -336,7 +338,7 @@ def read_data(kind: str, path, size: int = 0, channels: int = 0, skip_bad: bool 
         _DECIDED[key] = (got.images.shape[-1], got.images.shape[1])
     return got
 
-# %% ../nbs/15c_own_data.ipynb #oc887309
+# %% ../nbs/15c_own_data.ipynb #oc0a57cb
 def split_indices(n: int, heldout: float, seed: int) -> tuple:
     "(train, held-out) indices of n examples, sorted; the held-out fraction drawn from `seed`."
     n_held = max(2, round(heldout * n))
@@ -352,7 +354,7 @@ def files_hash(files) -> str:
     for p in files: h.update(f"{Path(p).name}\t{Path(p).stat().st_size}\n".encode())
     return h.hexdigest()
 
-# %% ../nbs/15c_own_data.ipynb #ocbc33ea
+# %% ../nbs/15c_own_data.ipynb #oc7719a1
 KINDS = ('images', 'points', 'bits')
 
 def _check_bits(table: Table, path):
@@ -371,7 +373,7 @@ def examples(kind: str, cfg: dict):
     if kind == 'bits': _check_bits(got, cfg['data'])
     return got.values, got
 
-# %% ../nbs/15c_own_data.ipynb #oc7719a1
+# %% ../nbs/15c_own_data.ipynb #oc632667
 def data_facts(kind: str, cfg: dict) -> dict:
     "What the data decide (training split): dims, column scales, p, size, channels, scaler."
     x, got = examples(kind, cfg)
@@ -392,7 +394,7 @@ def data_facts(kind: str, cfg: dict) -> dict:
                         f"split (zero variance); drop it")
     return facts | dict(column_shift=mean.tolist(), column_scale=std.tolist())
 
-# %% ../nbs/15c_own_data.ipynb #oc22d200
+# %% ../nbs/15c_own_data.ipynb #occb4e52
 def to_model_units(kind: str, cfg: dict, x, generator=None) -> torch.Tensor:
     "Examples in the user's units (images: uint8 levels) as the model sees them, float32."
     x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
@@ -421,7 +423,7 @@ def log_jacobian(kind: str, cfg: dict) -> float:
     if kind == 'bits': return 0.0
     return -float(np.log(cfg['column_scale']).sum())
 
-# %% ../nbs/15c_own_data.ipynb #occb4e52
+# %% ../nbs/15c_own_data.ipynb #ocf1f836
 def _scales(size: int) -> int:
     "Multi-scale levels a size allows: at most 3, each halving must divide it."
     return max(k for k in (1, 2, 3) if size % 2 ** (k - 1) == 0)
@@ -448,7 +450,7 @@ def data_defaults(kind: str, facts: dict, small: bool) -> dict:
                          eval_size=s(100, 20), n_eval=s(500, 40), iw_samples=s(10, 0),
                          linear_path=n_train > facts['dims'])         # eq-net-residual
 
-# %% ../nbs/15c_own_data.ipynb #ocb6692e
+# %% ../nbs/15c_own_data.ipynb #oc972a67
 _COMMON = dict(data='', heldout=0.1, split_seed=0, skip_bad=False, n_eval=1000, iw_samples=0,
                n_examples=0, dims=0)
 _CONFIGS = dict(
@@ -463,7 +465,7 @@ _CONFIGS = dict(
 _FACT_KEYS = ('n_examples', 'dims', 'names', 'column_shift', 'column_scale', 'p', 'scaler_shift',
               'scaler_scale')
 
-# %% ../nbs/15c_own_data.ipynb #oc972a67
+# %% ../nbs/15c_own_data.ipynb #occb7a1d
 @dataclass
 class OwnData(Experiment):
     "An experiment on the user's files (`data`): images, points or bits; defaults from the data."
@@ -491,7 +493,7 @@ class OwnData(Experiment):
         "What `dpm sample` writes: points in the user's units; bits and images as the model's."
         return to_user_units(self.kind, cfg, x) if self.kind == 'points' else x
 
-# %% ../nbs/15c_own_data.ipynb #ocfc074d
+# %% ../nbs/15c_own_data.ipynb #oc5b384c
 def _build(kind: str, cfg: dict):
     "The diffusion and reverse network of an own-data experiment (see data_defaults)."
     if kind == 'points':                                              # eq-sr-schedule, learned
@@ -514,7 +516,7 @@ def _data(kind: str, cfg: dict, seed: int) -> tuple:
     gens = [torch.Generator().manual_seed(40_000 + 2 * seed + i) for i in (0, 1)]
     return tuple(to_model_units(kind, cfg, x[idx.numpy()], g) for idx, g in zip(parts, gens))
 
-# %% ../nbs/15c_own_data.ipynb #occb7a1d
+# %% ../nbs/15c_own_data.ipynb #occa3512
 def describe_choices(kind: str, cfg: dict) -> str:
     "The one line that says what the data decided and which defaults follow."
     n_held = max(2, round(cfg['heldout'] * cfg['n_examples']))
@@ -531,7 +533,7 @@ def describe_choices(kind: str, cfg: dict) -> str:
             f"D={cfg['dims']} bits, binomial diffusion to Bernoulli({cfg['p']})")
     return f"{split}; {what}; {net}; {train}"
 
-# %% ../nbs/15c_own_data.ipynb #oc5b384c
+# %% ../nbs/15c_own_data.ipynb #ocaf3e13
 def _records(kind: str, cfg: dict, seed: int) -> list:
     "The data records of both splits (checksum, files hash), then the choices' line."
     x, got = examples(kind, cfg)
@@ -552,7 +554,7 @@ def _records(kind: str, cfg: dict, seed: int) -> list:
             f"{got.others} other file(s) left alone")))
     return out + [dict(name='choices', stand_in=None, source=describe_choices(kind, cfg))]
 
-# %% ../nbs/15c_own_data.ipynb #ocaf3e13
+# %% ../nbs/15c_own_data.ipynb #oc92cfce
 @torch.no_grad()
 def per_example_bound(d, reverse, x, batch_size: int = 500) -> torch.Tensor:
     "K (eq-k-general) per example, nats in the model's units, float64."
@@ -572,7 +574,7 @@ def baseline_log_prob(kind: str, train, x) -> tuple:
     m, S = fit_gaussian(train)                                      # eq-base-gauss
     return 'full-covariance Gaussian', gaussian_log_prob(m, S, x)
 
-# %% ../nbs/15c_own_data.ipynb #oc761f22
+# %% ../nbs/15c_own_data.ipynb #oc0286dd
 def _evaluate(kind: str, d, reverse, cfg: dict, heldout) -> dict:
     "K and its SE beside the baseline (paired), L_null, IW log p: bits per dimension."
     train = _data(kind, cfg, cfg.get('seed', 0))[0]
@@ -600,7 +602,7 @@ def _evaluate(kind: str, d, reverse, cfg: dict, heldout) -> dict:
         out['nll_8bit_bits_per_dim'] = nll_bits_per_dim_8bit(k.mean().item() / D, sc)
     return out
 
-# %% ../nbs/15c_own_data.ipynb #oc0286dd
+# %% ../nbs/15c_own_data.ipynb #ocfb6443
 def _pair_grid(data, samples, names, title: str):
     "Data and samples overlaid in scatter plots of every pair of the first four columns."
     k = min(4, data.shape[1]); names = names or [f'x{j + 1}' for j in range(k)]
@@ -615,7 +617,7 @@ def _pair_grid(data, samples, names, title: str):
     axes[0, 0].legend(markerscale=4, fontsize=7); fig.suptitle(title)
     return fig
 
-# %% ../nbs/15c_own_data.ipynb #oc98fbc4
+# %% ../nbs/15c_own_data.ipynb #ocfe2ef4
 def plot_beside(kind: str, data, samples, names=None, title: str = ''):
     "Held-out examples beside model samples (user units): scatter, pair grid, images or bits."
     from dpm.cli import image_grid
@@ -637,13 +639,13 @@ def plot_beside(kind: str, data, samples, names=None, title: str = ''):
     fig.suptitle(title)
     return fig
 
-# %% ../nbs/15c_own_data.ipynb #ocfb6443
+# %% ../nbs/15c_own_data.ipynb #oc827bfc
 def plt_subplots(rows, cols, size):
     "A figure and its axes as a 2-D array (pyplot imported here: a command draws to files)."
     import matplotlib.pyplot as plt
     return plt.subplots(rows, cols, figsize=size, squeeze=False)
 
-# %% ../nbs/15c_own_data.ipynb #ocfe2ef4
+# %% ../nbs/15c_own_data.ipynb #oc64e095
 def _figures(kind: str, d, reverse, cfg: dict, heldout) -> dict:
     "samples.png: samples beside held-out examples, in the user's units."
     n = min(len(heldout), 64 if kind == 'images' else 1000)
@@ -654,7 +656,7 @@ def _figures(kind: str, d, reverse, cfg: dict, heldout) -> dict:
     return {'samples': plot_beside(kind, data, samples, cfg.get('names'),
                                    f"{Path(cfg['data']).name}: held-out data and samples")}
 
-# %% ../nbs/15c_own_data.ipynb #oc827bfc
+# %% ../nbs/15c_own_data.ipynb #oc2e01e1
 def _experiment(kind: str, description: str) -> OwnData:
     "The own-data experiment of `kind`, its hooks bound to the kind."
     bind = lambda f: functools.wraps(f)(functools.partial(f, kind))
@@ -669,7 +671,7 @@ POINTS = _experiment('points', 'your own points: --data TABLE (.csv, .tsv, .txt,
 BITS = _experiment('bits', 'your own bits: --data TABLE of 0/1; binomial diffusion, MLP')
 EXPERIMENTS = {e.name: e for e in (IMAGES, POINTS, BITS)}
 
-# %% ../nbs/15c_own_data.ipynb #oc2e01e1
+# %% ../nbs/15c_own_data.ipynb #ocb7eb6c
 class DiffusionModel:
     "A diffusion probabilistic model of your own images, points or bits (scikit-learn's verbs)."
     def __init__(self,
@@ -689,7 +691,7 @@ class DiffusionModel:
         state = 'fitted' if self.cfg else 'not fitted'
         return f"DiffusionModel({self.kind!r}, {state})"
 
-# %% ../nbs/15c_own_data.ipynb #oce1822d
+# %% ../nbs/15c_own_data.ipynb #oca93349
 from fastcore.basics import patch
 
 @patch
@@ -709,7 +711,7 @@ def fit(self: DiffusionModel, X):
         print if self.verbose else None)
     return self._use(out / 'model.pt')
 
-# %% ../nbs/15c_own_data.ipynb #ocb7eb6c
+# %% ../nbs/15c_own_data.ipynb #occ5b76d
 @patch
 def _use(self: DiffusionModel, path):
     "Load the model file at `path` into self."
@@ -722,7 +724,7 @@ def _use(self: DiffusionModel, path):
                                                            device=self.device)
     return self
 
-# %% ../nbs/15c_own_data.ipynb #oca93349
+# %% ../nbs/15c_own_data.ipynb #oc80e28a
 @patch(cls_method=True)
 def load(cls: DiffusionModel, path, device=None) -> DiffusionModel:
     "The model in `path`: a model file, or a run folder holding model.pt."
@@ -743,7 +745,7 @@ def save(self: DiffusionModel, path):
 def _fitted(self: DiffusionModel):
     if self.cfg is None: raise ConfigError("the model is not fitted: call fit(X) or load(path)")
 
-# %% ../nbs/15c_own_data.ipynb #occ5b76d
+# %% ../nbs/15c_own_data.ipynb #oc8effee
 @patch
 def heldout(self: DiffusionModel) -> np.ndarray:
     "The held-out examples of the model's data, in the user's units (images: uint8 levels)."
@@ -758,7 +760,7 @@ def evaluate(self: DiffusionModel) -> dict:
     held = _data(self.kind, self.cfg, self.cfg.get('seed', 0))[1]
     return EXPERIMENTS[self.kind].evaluate(self.d, self.reverse, self.cfg, held)
 
-# %% ../nbs/15c_own_data.ipynb #oc8effee
+# %% ../nbs/15c_own_data.ipynb #oc9109c8
 def model_images(paths, cfg: dict) -> tuple:
     "(uint8 images (n, C, S, S) by the size rule, their files); refused if they cannot fit cfg."
     files = []
@@ -775,7 +777,7 @@ def model_images(paths, cfg: dict) -> tuple:
                                 f"model's {S} x {S}")
     return np.stack([load_image(p, S, C) for p in files]), files
 
-# %% ../nbs/15c_own_data.ipynb #oc54ceb9
+# %% ../nbs/15c_own_data.ipynb #oc667be5
 @patch
 def _user_examples(self: DiffusionModel, X) -> np.ndarray:
     "X (array, tensor, table file, image files or folder) in the user's units, checked."
@@ -797,7 +799,7 @@ def _user_examples(self: DiffusionModel, X) -> np.ndarray:
     if kind == 'bits': _check_bits(Table(x.astype(np.float64), cfg['names']), 'the examples')
     return x
 
-# %% ../nbs/15c_own_data.ipynb #oc9109c8
+# %% ../nbs/15c_own_data.ipynb #oc5a5b0f
 @patch
 def score_samples(self: DiffusionModel, X, iw: int = 0, seed: int = 0) -> np.ndarray:
     """Log-likelihood of each example in nats, user units (eq-own-units): the bound K
@@ -826,7 +828,7 @@ def sample(self: DiffusionModel, n: int = 1, seed: int = 0) -> np.ndarray:
     z = self.d.sample(self.reverse, (int(n), *event), device=self.d.device)
     return to_user_units(self.kind, self.cfg, z).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oc5a5b0f
+# %% ../nbs/15c_own_data.ipynb #oc6c1e67
 @patch
 def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples given the entries of one example `x` where `known` is true (images: a
@@ -844,7 +846,7 @@ def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.nda
                             known.expand(z.shape).to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oce6c3dd
+# %% ../nbs/15c_own_data.ipynb #oc511a41
 @patch
 def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples of the clean example given `y` observed with Gaussian noise of standard
@@ -867,7 +869,7 @@ def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) ->
     out = posterior_denoise(self.d, self.reverse, z, var.float().to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oc511a41
+# %% ../nbs/15c_own_data.ipynb #occ66c65
 class _DataOption(argparse.Action):
     "--data PATH: the same as --set data=PATH, with the path made absolute."
     def __call__(self, parser, ns, value, option_string=None):
@@ -880,7 +882,7 @@ def _run_options(q, what: str):
     q.add_argument('--device', default=None, metavar='DEV', help="'cpu', 'cuda', ...")
     q.add_argument('--seed', type=int, default=0, help=f'seed of the {what} (default 0)')
 
-# %% ../nbs/15c_own_data.ipynb #oca17554
+# %% ../nbs/15c_own_data.ipynb #oc2a4593
 def add_verbs(sub):
     "`dpm train`'s --data and the verbs score, inpaint, denoise (dpm.cli.parser calls this)."
     sub.choices['train'].add_argument(
@@ -898,7 +900,7 @@ def add_verbs(sub):
     s.set_defaults(func=cmd_score)
     for verb in ('inpaint', 'denoise'): _add_posterior_verb(sub, verb)
 
-# %% ../nbs/15c_own_data.ipynb #occ66c65
+# %% ../nbs/15c_own_data.ipynb #oc59129a
 def _add_posterior_verb(sub, verb: str):
     "The parser of `dpm inpaint` or `dpm denoise`."
     help_ = dict(inpaint='fill in the unknown part of an image or a point',
@@ -919,14 +921,14 @@ def _add_posterior_verb(sub, verb: str):
     q.add_argument('--point', metavar='V,V,...', help='the noisy point (points models)')
     q.set_defaults(func=cmd_denoise)
 
-# %% ../nbs/15c_own_data.ipynb #oc2a4593
+# %% ../nbs/15c_own_data.ipynb #oc4d89d2
 def _csv_text(header: list, rows: list) -> str:
     import io
     buf = io.StringIO(); w = csv.writer(buf, lineterminator='\n')
     w.writerow(header); w.writerows(rows)
     return buf.getvalue()
 
-# %% ../nbs/15c_own_data.ipynb #oc59129a
+# %% ../nbs/15c_own_data.ipynb #ocb4c96d
 def cmd_score(args):
     m = DiffusionModel.load(args.run, args.device)
     target = Path(args.csv) if args.csv else check_out_dir(args.run) / 'scores.csv'
@@ -953,7 +955,7 @@ def cmd_score(args):
           f"({k.mean() / LN2 / cfg['dims']:.4g} bits/dim); lowest {names[low]} ({k[low]:.4g}); "
           f"written to {target}")
 
-# %% ../nbs/15c_own_data.ipynb #oc4d89d2
+# %% ../nbs/15c_own_data.ipynb #oca72b20
 def _known(text: str, names: list) -> tuple:
     "(values, mask) of --known 'x1=0.5,x3=2' over the columns `names`."
     x, mask = np.zeros(len(names)), np.zeros(len(names), bool)
@@ -968,7 +970,7 @@ def _known(text: str, names: list) -> tuple:
     if not mask.any(): raise ConfigError('--known names no column, e.g. --known "x1=0.5"')
     return x, mask
 
-# %% ../nbs/15c_own_data.ipynb #ocb4c96d
+# %% ../nbs/15c_own_data.ipynb #ocb7103c
 def _image_and_mask(args, cfg) -> tuple:
     "The --image as the model sees it, and its known pixels from --mask or --box (inpaint)."
     if not args.image: raise ConfigError("an images model needs --image FILE")
@@ -992,7 +994,7 @@ def _image_and_mask(args, cfg) -> tuple:
         return x, known
     return x, None
 
-# %% ../nbs/15c_own_data.ipynb #oca72b20
+# %% ../nbs/15c_own_data.ipynb #ocd02560
 def _posterior_figure(observed, samples, title: str):
     "Observed image, up to six posterior samples and their mean (levels 0..255)."
     k = min(len(samples), 6)
@@ -1022,7 +1024,7 @@ def _write_outputs(run, verb: str, m, samples, observed=None):
     finally: plt.close(fig)
     print(f"{len(samples)} samples written to {out / f'{verb}.npy'} and {out / f'{verb}.png'}")
 
-# %% ../nbs/15c_own_data.ipynb #ocb7103c
+# %% ../nbs/15c_own_data.ipynb #occ09763
 def _count(n: int) -> int:
     if not 1 <= n <= 10_000: raise ConfigError(f"-n must lie in [1, 10000], got {n}")
     return n
