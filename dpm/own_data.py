@@ -7,7 +7,7 @@ __all__ = ['TABLE_SUFFIXES', 'TABLE_MAX_BYTES', 'TABLE_MAX_VALUES', 'IMAGE_MAX_P
            'auto_size', 'read_images', 'read_data', 'split_indices', 'files_hash', 'examples', 'data_facts',
            'to_model_units', 'to_user_units', 'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices',
            'per_example_bound', 'baseline_log_prob', 'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_images',
-           'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
+           'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
 
 # %% ../nbs/15c_own_data.ipynb #ocda4b92
 import argparse, csv, functools, hashlib, json, math, os, sys, tempfile, time, warnings
@@ -799,20 +799,38 @@ def _user_examples(self: DiffusionModel, X) -> np.ndarray:
     if kind == 'bits': _check_bits(Table(x.astype(np.float64), cfg['names']), 'the examples')
     return x
 
-# %% ../nbs/15c_own_data.ipynb #oc5a5b0f
+# %% ../nbs/15c_own_data.ipynb #oce6c3dd
+@torch.no_grad()
+def iw_log_likelihood(d, reverse, x0, n: int, chunk: int = 1 << 22) -> tuple:
+    "(log p per example from n trajectories (eq-model-probability), its se (eq-own-iw-se)), nats."
+    from dpm.bound import _log_weights, _split                 # the trajectories of log_likelihood
+    x0 = d.check_data(x0)
+    per_batch = max(1, min(n, chunk // max(1, x0.numel())))
+    log_w = torch.cat([_log_weights(d, reverse, x0, m) for m in _split(n, per_batch)]).double()
+    # $\log\bar w = \log\frac1N\sum_k w_k$
+    log_p = torch.logsumexp(log_w, 0) - math.log(n)
+    # $\overline{w^2}/\bar w^2$
+    ratio = (torch.logsumexp(2 * log_w, 0) - math.log(n) - 2 * log_p).exp()
+    return log_p, ((ratio - 1).clamp(min=0) / n).sqrt()
+
+# %% ../nbs/15c_own_data.ipynb #oc6c1e67
 @patch
-def score_samples(self: DiffusionModel, X, iw: int = 0, seed: int = 0) -> np.ndarray:
+def score_samples(self: DiffusionModel, X, iw: int = 0, seed: int = 0, return_se: bool = False):
     """Log-likelihood of each example in nats, user units (eq-own-units): the bound K
-    (eq-k-general), or with iw=N the importance-weighted log p of N trajectories."""
+    (eq-k-general), or with iw=N the importance-weighted log p of N trajectories (with
+    return_se: and its standard error, eq-own-iw-se)."""
     self._fitted()
     x = self._user_examples(X)
     g = torch.Generator().manual_seed(seed); torch.manual_seed(seed)
     z = to_model_units(self.kind, self.cfg, x, g)
-    with torch.no_grad():
-        if iw: ll = torch.cat([self.d.log_likelihood(self.reverse, zb.to(self.d.device), n=iw)
-                               .double().cpu() for zb in z.split(100)])
-        else: ll = per_example_bound(self.d, self.reverse, z)
-    return (ll + log_jacobian(self.kind, self.cfg)).numpy()
+    se = None
+    if iw:
+        parts = [iw_log_likelihood(self.d, self.reverse, zb.to(self.d.device), int(iw))
+                 for zb in z.split(100)]
+        ll, se = (torch.cat([p[i].cpu() for p in parts]) for i in (0, 1))
+    else: ll = per_example_bound(self.d, self.reverse, z)
+    ll = (ll + log_jacobian(self.kind, self.cfg)).numpy()
+    return (ll, se.numpy()) if return_se and se is not None else ll
 
 @patch
 def score(self: DiffusionModel, X, iw: int = 0, seed: int = 0) -> float:
@@ -828,7 +846,7 @@ def sample(self: DiffusionModel, n: int = 1, seed: int = 0) -> np.ndarray:
     z = self.d.sample(self.reverse, (int(n), *event), device=self.d.device)
     return to_user_units(self.kind, self.cfg, z).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oc6c1e67
+# %% ../nbs/15c_own_data.ipynb #oca17554
 @patch
 def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples given the entries of one example `x` where `known` is true (images: a
@@ -846,7 +864,7 @@ def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.nda
                             known.expand(z.shape).to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oc511a41
+# %% ../nbs/15c_own_data.ipynb #occ66c65
 @patch
 def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples of the clean example given `y` observed with Gaussian noise of standard
@@ -869,7 +887,7 @@ def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) ->
     out = posterior_denoise(self.d, self.reverse, z, var.float().to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #occ66c65
+# %% ../nbs/15c_own_data.ipynb #oc59129a
 class _DataOption(argparse.Action):
     "--data PATH: the same as --set data=PATH, with the path made absolute."
     def __call__(self, parser, ns, value, option_string=None):
@@ -882,7 +900,7 @@ def _run_options(q, what: str):
     q.add_argument('--device', default=None, metavar='DEV', help="'cpu', 'cuda', ...")
     q.add_argument('--seed', type=int, default=0, help=f'seed of the {what} (default 0)')
 
-# %% ../nbs/15c_own_data.ipynb #oc2a4593
+# %% ../nbs/15c_own_data.ipynb #oc4d89d2
 def add_verbs(sub):
     "`dpm train`'s --data and the verbs score, inpaint, denoise (dpm.cli.parser calls this)."
     sub.choices['train'].add_argument(
@@ -900,7 +918,7 @@ def add_verbs(sub):
     s.set_defaults(func=cmd_score)
     for verb in ('inpaint', 'denoise'): _add_posterior_verb(sub, verb)
 
-# %% ../nbs/15c_own_data.ipynb #oc59129a
+# %% ../nbs/15c_own_data.ipynb #ocb4c96d
 def _add_posterior_verb(sub, verb: str):
     "The parser of `dpm inpaint` or `dpm denoise`."
     help_ = dict(inpaint='fill in the unknown part of an image or a point',
@@ -921,14 +939,14 @@ def _add_posterior_verb(sub, verb: str):
     q.add_argument('--point', metavar='V,V,...', help='the noisy point (points models)')
     q.set_defaults(func=cmd_denoise)
 
-# %% ../nbs/15c_own_data.ipynb #oc4d89d2
+# %% ../nbs/15c_own_data.ipynb #oca72b20
 def _csv_text(header: list, rows: list) -> str:
     import io
     buf = io.StringIO(); w = csv.writer(buf, lineterminator='\n')
     w.writerow(header); w.writerows(rows)
     return buf.getvalue()
 
-# %% ../nbs/15c_own_data.ipynb #ocb4c96d
+# %% ../nbs/15c_own_data.ipynb #ocb7103c
 def cmd_score(args):
     m = DiffusionModel.load(args.run, args.device)
     target = Path(args.csv) if args.csv else check_out_dir(args.run) / 'scores.csv'
@@ -943,10 +961,10 @@ def cmd_score(args):
         held = set(split_indices(len(x), cfg['heldout'], cfg['split_seed'])[1].tolist())
         split = ['heldout' if i in held else 'train' for i in range(len(x))]
     k = m.score_samples(x, seed=args.seed)
-    cols = [k, k / LN2 / cfg['dims']] + ([m.score_samples(x, args.iw, args.seed)] if args.iw
-                                         else [])
+    cols = [k, k / LN2 / cfg['dims']] + (list(m.score_samples(x, args.iw, args.seed, True))
+                                         if args.iw else [])
     header = ['example'] + (['split'] if split else []) + ['K_nats', 'K_bits_per_dim'] + \
-             ([f'iw{args.iw}_log_p_nats'] if args.iw else [])
+             ([f'iw{args.iw}_log_p_nats', f'iw{args.iw}_se_nats'] if args.iw else [])
     rows = [[str(names[i])] + ([split[i]] if split else []) + [f'{c[i]:.6g}' for c in cols]
             for i in range(len(x))]
     atomic_write(target, lambda f: f.write(_csv_text(header, rows)), 'w')
@@ -955,7 +973,7 @@ def cmd_score(args):
           f"({k.mean() / LN2 / cfg['dims']:.4g} bits/dim); lowest {names[low]} ({k[low]:.4g}); "
           f"written to {target}")
 
-# %% ../nbs/15c_own_data.ipynb #oca72b20
+# %% ../nbs/15c_own_data.ipynb #ocd02560
 def _known(text: str, names: list) -> tuple:
     "(values, mask) of --known 'x1=0.5,x3=2' over the columns `names`."
     x, mask = np.zeros(len(names)), np.zeros(len(names), bool)
@@ -970,7 +988,7 @@ def _known(text: str, names: list) -> tuple:
     if not mask.any(): raise ConfigError('--known names no column, e.g. --known "x1=0.5"')
     return x, mask
 
-# %% ../nbs/15c_own_data.ipynb #ocb7103c
+# %% ../nbs/15c_own_data.ipynb #occ09763
 def _image_and_mask(args, cfg) -> tuple:
     "The --image as the model sees it, and its known pixels from --mask or --box (inpaint)."
     if not args.image: raise ConfigError("an images model needs --image FILE")
@@ -994,7 +1012,7 @@ def _image_and_mask(args, cfg) -> tuple:
         return x, known
     return x, None
 
-# %% ../nbs/15c_own_data.ipynb #ocd02560
+# %% ../nbs/15c_own_data.ipynb #oc35e995
 def _posterior_figure(observed, samples, title: str):
     "Observed image, up to six posterior samples and their mean (levels 0..255)."
     k = min(len(samples), 6)
@@ -1024,7 +1042,7 @@ def _write_outputs(run, verb: str, m, samples, observed=None):
     finally: plt.close(fig)
     print(f"{len(samples)} samples written to {out / f'{verb}.npy'} and {out / f'{verb}.png'}")
 
-# %% ../nbs/15c_own_data.ipynb #occ09763
+# %% ../nbs/15c_own_data.ipynb #oc1f1362
 def _count(n: int) -> int:
     if not 1 <= n <= 10_000: raise ConfigError(f"-n must lie in [1, 10000], got {n}")
     return n

@@ -153,6 +153,7 @@ def test_points_train_evaluate_sample_score(points_run, capsys):
     rows = list(csv.DictReader((run / 'scores.csv').open()))
     assert len(rows) == 400 and {r['split'] for r in rows} == {'train', 'heldout'}
     assert all(np.isfinite(float(r['K_nats'])) and np.isfinite(float(r['iw3_log_p_nats'])) for r in rows)
+    assert all(float(r['iw3_se_nats']) >= 0 for r in rows)
 
 
 def test_points_inpaint_and_denoise(points_run):
@@ -281,6 +282,8 @@ def test_python_interface(tmp_path):
     s = m.score_samples(x[:50])
     assert s.shape == (50,) and np.isfinite(s).all() and m.score(x[:50]) == pytest.approx(s.mean())
     assert m.score_samples(x[:5], iw=4).shape == (5,)
+    ll, se = m.score_samples(x[:5], iw=4, return_se=True)
+    assert ll.shape == se.shape == (5,) and (se >= 0).all()
     assert m.sample(7).shape == (7, 2)
     filled = m.inpaint(np.array([100.0, 0.0]), [True, False], n=3)
     assert filled.shape == (3, 2) and np.allclose(filled[:, 0], 100.0)
@@ -345,3 +348,15 @@ def test_the_readmes_own_data_commands_run(tmp_path):
         assert r.returncode == 0, (line, r.stderr[-1500:])
     assert (tmp_path / 'runs' / 'pts' / 'record.json').exists()
     assert (tmp_path / 'runs' / 'pts' / 'scores.csv').exists()
+
+
+def test_the_iw_standard_error_matches_repeated_estimates(tmp_path):
+    "eq-own-iw-se: the delta-method se of log p-hat is close to the spread of independent estimates."
+    from dpm.own_data import iw_log_likelihood
+    m = DiffusionModel('points', out=tmp_path / 'run', steps=20, T=5).fit(moons(200))
+    z = own_data.to_model_units('points', m.cfg, moons(3, seed=1))
+    torch.manual_seed(0)
+    reps = torch.stack([iw_log_likelihood(m.d, m.reverse, z, 200)[0] for _ in range(40)])
+    se = iw_log_likelihood(m.d, m.reverse, z, 200)[1]
+    ratio = (reps.std(0) / se).numpy()
+    assert ((ratio > 0.5) & (ratio < 2)).all(), ratio
