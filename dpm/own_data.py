@@ -832,6 +832,7 @@ def score_samples(self: DiffusionModel, X, iw: int = 0, seed: int = 0, return_se
     ll = (ll + log_jacobian(self.kind, self.cfg)).numpy()
     return (ll, se.numpy()) if return_se and se is not None else ll
 
+# %% ../nbs/15c_own_data.ipynb #oc511a41
 @patch
 def score(self: DiffusionModel, X, iw: int = 0, seed: int = 0) -> float:
     "Mean log-likelihood per example, nats (score_samples' mean)."
@@ -846,7 +847,7 @@ def sample(self: DiffusionModel, n: int = 1, seed: int = 0) -> np.ndarray:
     z = self.d.sample(self.reverse, (int(n), *event), device=self.d.device)
     return to_user_units(self.kind, self.cfg, z).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oca17554
+# %% ../nbs/15c_own_data.ipynb #occ66c65
 @patch
 def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples given the entries of one example `x` where `known` is true (images: a
@@ -864,7 +865,7 @@ def inpaint(self: DiffusionModel, x, known, n: int = 1, seed: int = 0) -> np.nda
                             known.expand(z.shape).to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #occ66c65
+# %% ../nbs/15c_own_data.ipynb #oc2a4593
 @patch
 def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) -> np.ndarray:
     """n posterior samples of the clean example given `y` observed with Gaussian noise of standard
@@ -887,7 +888,7 @@ def denoise(self: DiffusionModel, y, sigma: float, n: int = 1, seed: int = 0) ->
     out = posterior_denoise(self.d, self.reverse, z, var.float().to(self.d.device))
     return to_user_units(self.kind, self.cfg, out).numpy()
 
-# %% ../nbs/15c_own_data.ipynb #oc59129a
+# %% ../nbs/15c_own_data.ipynb #oc4d89d2
 class _DataOption(argparse.Action):
     "--data PATH: the same as --set data=PATH, with the path made absolute."
     def __call__(self, parser, ns, value, option_string=None):
@@ -900,7 +901,7 @@ def _run_options(q, what: str):
     q.add_argument('--device', default=None, metavar='DEV', help="'cpu', 'cuda', ...")
     q.add_argument('--seed', type=int, default=0, help=f'seed of the {what} (default 0)')
 
-# %% ../nbs/15c_own_data.ipynb #oc4d89d2
+# %% ../nbs/15c_own_data.ipynb #ocb4c96d
 def add_verbs(sub):
     "`dpm train`'s --data and the verbs score, inpaint, denoise (dpm.cli.parser calls this)."
     sub.choices['train'].add_argument(
@@ -918,7 +919,7 @@ def add_verbs(sub):
     s.set_defaults(func=cmd_score)
     for verb in ('inpaint', 'denoise'): _add_posterior_verb(sub, verb)
 
-# %% ../nbs/15c_own_data.ipynb #ocb4c96d
+# %% ../nbs/15c_own_data.ipynb #oca72b20
 def _add_posterior_verb(sub, verb: str):
     "The parser of `dpm inpaint` or `dpm denoise`."
     help_ = dict(inpaint='fill in the unknown part of an image or a point',
@@ -939,14 +940,14 @@ def _add_posterior_verb(sub, verb: str):
     q.add_argument('--point', metavar='V,V,...', help='the noisy point (points models)')
     q.set_defaults(func=cmd_denoise)
 
-# %% ../nbs/15c_own_data.ipynb #oca72b20
+# %% ../nbs/15c_own_data.ipynb #ocb7103c
 def _csv_text(header: list, rows: list) -> str:
     import io
     buf = io.StringIO(); w = csv.writer(buf, lineterminator='\n')
     w.writerow(header); w.writerows(rows)
     return buf.getvalue()
 
-# %% ../nbs/15c_own_data.ipynb #ocb7103c
+# %% ../nbs/15c_own_data.ipynb #ocd02560
 def cmd_score(args):
     m = DiffusionModel.load(args.run, args.device)
     target = Path(args.csv) if args.csv else check_out_dir(args.run) / 'scores.csv'
@@ -973,7 +974,7 @@ def cmd_score(args):
           f"({k.mean() / LN2 / cfg['dims']:.4g} bits/dim); lowest {names[low]} ({k[low]:.4g}); "
           f"written to {target}")
 
-# %% ../nbs/15c_own_data.ipynb #ocd02560
+# %% ../nbs/15c_own_data.ipynb #occ09763
 def _known(text: str, names: list) -> tuple:
     "(values, mask) of --known 'x1=0.5,x3=2' over the columns `names`."
     x, mask = np.zeros(len(names)), np.zeros(len(names), bool)
@@ -988,7 +989,7 @@ def _known(text: str, names: list) -> tuple:
     if not mask.any(): raise ConfigError('--known names no column, e.g. --known "x1=0.5"')
     return x, mask
 
-# %% ../nbs/15c_own_data.ipynb #occ09763
+# %% ../nbs/15c_own_data.ipynb #oc35e995
 def _image_and_mask(args, cfg) -> tuple:
     "The --image as the model sees it, and its known pixels from --mask or --box (inpaint)."
     if not args.image: raise ConfigError("an images model needs --image FILE")
@@ -1012,7 +1013,7 @@ def _image_and_mask(args, cfg) -> tuple:
         return x, known
     return x, None
 
-# %% ../nbs/15c_own_data.ipynb #oc35e995
+# %% ../nbs/15c_own_data.ipynb #oc1f1362
 def _posterior_figure(observed, samples, title: str):
     "Observed image, up to six posterior samples and their mean (levels 0..255)."
     k = min(len(samples), 6)
@@ -1042,7 +1043,7 @@ def _write_outputs(run, verb: str, m, samples, observed=None):
     finally: plt.close(fig)
     print(f"{len(samples)} samples written to {out / f'{verb}.npy'} and {out / f'{verb}.png'}")
 
-# %% ../nbs/15c_own_data.ipynb #oc1f1362
+# %% ../nbs/15c_own_data.ipynb #oc450dde
 def _count(n: int) -> int:
     if not 1 <= n <= 10_000: raise ConfigError(f"-n must lie in [1, 10000], got {n}")
     return n
