@@ -189,8 +189,7 @@ def _check_init_data(init, stored: list, data: list):
 def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=None,
         progress: bool = True, say: Callable = None, init=None):
     "Train `exp` into `out_dir` (resumes checkpoint.pt, else warm-starts from `init`): model.pt."
-    cfg = exp.resolve(overrides); cfg['seed'] = seed
-    check_config(cfg, TRAIN_KEYS)
+    cfg = exp.resolve(overrides); cfg['seed'] = seed; check_config(cfg, TRAIN_KEYS)
     rank, n_proc = world()
     say = say or (lambda line: None)                   # where the run reports (the CLI: stdout)
     with out_lock(out_dir) if rank == 0 else nullcontext(Path(out_dir)) as out:

@@ -13,6 +13,7 @@ from typing import Optional
 import torch
 from torch import nn
 from torch.optim.swa_utils import AveragedModel
+from fastcore.basics import patch
 from .diffusion import Diffusion, GaussianDiffusion, LN2, deferred_checks
 from .settings import ConfigError, DataError, Key, check_config, short, MAX_ELEMENTS
 from .checkpoints import (FORMAT, CheckpointError, atomic_save, read_checkpoint, signature,
@@ -62,10 +63,11 @@ class TrainConfig:
     warm_batches: int = setting(200, Key(int, 0))  # minibatches at rate 0 after a warm restart
     def __post_init__(self): check_config(asdict(self), TRAIN_KEYS)
 
-    @classmethod
-    def from_dict(cls, cfg: dict):
-        "Pick the training keys out of an experiment configuration."
-        return cls(**{k: v for k, v in cfg.items() if k in {f.name for f in fields(cls)}})
+# %% ../nbs/05_training.ipynb #ab972e92
+@patch(cls_method=True)
+def from_dict(cls: TrainConfig, cfg: dict):
+    "Pick the training keys out of an experiment configuration."
+    return cls(**{k: v for k, v in cfg.items() if k in {f.name for f in fields(cls)}})
 
 # %% ../nbs/05_training.ipynb #10608a54
 TRAIN_KEYS = {f.name: f.metadata['key'] for f in fields(TrainConfig)}
@@ -259,7 +261,6 @@ class _RunState:
 
 # %% ../nbs/05_training.ipynb #e145f991
 _COUNTERS = ('step', 'history', 'train_seconds', 'running', 'restarts')   # checkpoint keys
-
 def _start(model: Model, cfg: TrainConfig, full_config: dict, device, checkpoint,
            init=None) -> _RunState:
     "State restored from `checkpoint` if it exists, else warm-started from `init`, else seeded."
@@ -367,11 +368,10 @@ def _set_lr(opt, cfg: TrainConfig, step: int):
         if isinstance(g['lr'], torch.Tensor): g['lr'].fill_(rate)
         else: g['lr'] = rate
 
-# %% ../nbs/05_training.ipynb #graph0002
-def _graph_step(state: _RunState, objective, d: Diffusion, train_data, cfg: TrainConfig,
-                share: tuple, fmt, capture: bool = True):
-    "The step of `_minibatch` and `_step` as a `GraphedStep` (A5); None if it cannot be captured."
-    idx = torch.zeros(share[1] - share[0], dtype=torch.long, device=state.device)
+# %% ../nbs/05_training.ipynb #8d1a3b20
+def _graph_body(state: _RunState, objective, d: Diffusion, train_data, cfg: TrainConfig,
+                share: tuple, fmt, idx):
+    "The step of `_minibatch` and `_step` with no host read; example indices from `idx`."
     def body() -> tuple:
         "One step with no host read: draw, estimate (eq-k-estimator), ascend, average."
         batch = _draw(d, train_data, idx, cfg, share, fmt)
@@ -386,6 +386,14 @@ def _graph_step(state: _RunState, objective, d: Diffusion, train_data, cfg: Trai
         # $\bar\theta_k = \lambda\bar\theta_{k-1} + (1-\lambda)\theta_k$ (eq-train-ema)
         if state.ema is not None: state.ema.update_parameters(state.model)
         return torch.stack([loss.detach().double(), failed.double()]), checks
+    return body
+
+# %% ../nbs/05_training.ipynb #graph0002
+def _graph_step(state: _RunState, objective, d: Diffusion, train_data, cfg: TrainConfig,
+                share: tuple, fmt, capture: bool = True):
+    "The step of `_minibatch` and `_step` as a `GraphedStep` (A5); None if it cannot be captured."
+    idx = torch.zeros(share[1] - share[0], dtype=torch.long, device=state.device)
+    body = _graph_body(state, objective, d, train_data, cfg, share, fmt, idx)
     graph = (capture_step(body, state.model, state.opt, state.ema) if capture else
              GraphedStep(body, state.model, state.opt, state.ema, capture=False))
     def advance(t_start: float) -> bool:
@@ -533,9 +541,8 @@ def train(d: Diffusion, reverse: nn.Module, train_data, heldout=None, config: Tr
         if checkpoint is not None and rank == 0 and _due(cfg, state.step, stop, last_save):
             _save(state, checkpoint); last_save = time.perf_counter()
     if bar is not None: bar.close()
-    info = _finish(state, cfg, train_data, n_proc, (state.step - step_0) * B,
-                   time.perf_counter() - t_start)
-    return {**info, 'restarts': state.restarts}
+    return {**_finish(state, cfg, train_data, n_proc, (state.step - step_0) * B,
+                      time.perf_counter() - t_start), 'restarts': state.restarts}
 
 # %% ../nbs/05_training.ipynb #f3a70004
 def _restart_list(v, path) -> list:
