@@ -6,11 +6,12 @@ __all__ = ['TABLE_SUFFIXES', 'TABLE_MAX_BYTES', 'TABLE_MAX_VALUES', 'IMAGE_MAX_P
            'image_suffixes', 'image_files', 'BadImage', 'open_image', 'by_rule', 'decoded', 'load_image', 'ImageFolder',
            'auto_size', 'read_images', 'read_data', 'split_indices', 'files_hash', 'examples', 'data_facts',
            'to_model_units', 'to_user_units', 'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices',
-           'per_example_bound', 'baseline_log_prob', 'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_images',
-           'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
+           'per_example_bound', 'baseline_log_prob', 'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_record',
+           'fit_or_load', 'recorded', 'model_images', 'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint',
+           'cmd_denoise']
 
 # %% ../nbs/15c_own_data.ipynb #ocda4b92
-import argparse, csv, functools, hashlib, json, math, os, sys, tempfile, time, warnings
+import argparse, csv, functools, hashlib, inspect, json, math, os, sys, tempfile, time, warnings
 from dataclasses import dataclass
 from pathlib import Path
 import numpy as np
@@ -22,8 +23,9 @@ from .files import atomic_write, write_json, open_regular, check_out_dir
 from .checkpoints import CheckpointError
 from .diffusion import GaussianDiffusion, BinomialDiffusion, binomial_schedule, LN2
 from .reverse import MLPReverse, BumpMLPReverse
-from .training import TRAIN_DEFAULTS, load_checkpoint
-from .experiments import Experiment, run, model_from
+from .training import TRAIN_DEFAULTS, Model, load_checkpoint
+from .experiments import (Experiment, run, model_from, save_model, repo_root, study_key,
+                             code_text, code_modules, recorded_study, evaluation_record)
 from .swiss_roll import geometric_schedule
 from .posterior import inpaint as posterior_inpaint, denoise as posterior_denoise
 from .baselines import fit_gaussian, gaussian_log_prob, paired, grouped_se
@@ -713,9 +715,10 @@ def fit(self: DiffusionModel, X):
 
 # %% ../nbs/15c_own_data.ipynb #occ5b76d
 @patch
-def _use(self: DiffusionModel, path):
-    "Load the model file at `path` into self."
+def _use(self: DiffusionModel, path, data=None):
+    "Load the model file at `path` into self (`data`: where its data now are, if they moved)."
     ck = load_checkpoint(path)
+    if data is not None: ck['config'] = {**ck['config'], 'data': str(data)}
     if ck.get('experiment') not in EXPERIMENTS:
         raise CheckpointError(f"{path} holds a model of {ck.get('experiment')!r}, not of your own "
                               f"data ({', '.join(KINDS)})")
@@ -759,6 +762,47 @@ def evaluate(self: DiffusionModel) -> dict:
     self._fitted()
     held = _data(self.kind, self.cfg, self.cfg.get('seed', 0))[1]
     return EXPERIMENTS[self.kind].evaluate(self.d, self.reverse, self.cfg, held)
+
+# %% ../nbs/15c_own_data.ipynb #ocrec002
+def _key(kind: str, cfg: dict, seed: int, model=None, **settings) -> str:
+    "study_key of the data's checksum, cfg without the data's path, `settings`, seed, dpm's code."
+    x, _ = examples(kind, cfg)
+    cfg = {k: v for k, v in cfg.items() if k != 'data'} | settings
+    return study_key(model or torch.nn.Module(), torch.as_tensor(x), cfg, seed,
+                     code_modules('own_data'))
+
+def model_record(name: str):
+    "results/models/<name>.pt of the checkout; None under DPM_SMALL=1 (no records)."
+    return None if small_scale() else repo_root() / 'results' / 'models' / f'{name}.pt'
+
+
+# %% ../nbs/15c_own_data.ipynb #ocrec003
+def fit_or_load(model: DiffusionModel, X, record=None) -> DiffusionModel:
+    """`model` fitted to the data at the path X: read from the model file `record` when its key
+    (data, settings, seed, code) matches, else `fit(X)` and written there; record None: fit."""
+    if record is None: return model.fit(X)
+    data, record = Path(X).expanduser().resolve(), Path(record)
+    cfg = EXPERIMENTS[model.kind].resolve({**model.settings, 'data': str(data)})
+    key = _key(model.kind, cfg, model.seed)
+    try:
+        if record.exists() and load_checkpoint(record)['info'].get('key') == key:
+            if model.verbose: print(f"{record.name}: its key matched, read; "
+                                    f"{describe_choices(model.kind, cfg)}")
+            return model._use(record, data)
+    except CheckpointError as e: print(f"not reusing {record}: {e}", file=sys.stderr)
+    model.fit(X)
+    save_model(record, EXPERIMENTS[model.kind], model.d, model.reverse,
+               {**model.cfg, 'data': data.name}, {**model.info, 'key': key})
+    return model
+
+def recorded(model: DiffusionModel, name: str, study, **settings) -> tuple:
+    """(study(model, **settings), where): read from evaluation_record(name) when its key (the
+    model's weights and data, `settings`, study's code and dpm's) matches, else computed."""
+    model._fitted()
+    key = _key(model.kind, model.cfg, model.cfg.get('seed', 0), Model(model.d, model.reverse),
+               code=code_text(inspect.getsource(study)), **settings)
+    return recorded_study(evaluation_record(name), key, lambda: study(model, **settings))
+
 
 # %% ../nbs/15c_own_data.ipynb #oc9109c8
 def model_images(paths, cfg: dict) -> tuple:
