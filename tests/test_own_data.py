@@ -360,3 +360,30 @@ def test_the_iw_standard_error_matches_repeated_estimates(tmp_path):
     se = iw_log_likelihood(m.d, m.reverse, z, 200)[1]
     ratio = (reps.std(0) / se).numpy()
     assert ((ratio > 0.5) & (ratio < 2)).all(), ratio
+
+
+def test_fit_or_load_reads_its_record_while_the_key_matches(tmp_path, monkeypatch):
+    "The chapter's records: read back while data, settings and seed match; trained again if not."
+    x = moons(200)
+    np.savetxt(tmp_path / 'a.csv', x, delimiter=',', header='u,v', comments='')
+    record = tmp_path / 'models' / 'a.pt'; record.parent.mkdir()
+    fit = lambda where, **s: own_data.fit_or_load(DiffusionModel('points', out=tmp_path / where,
+                                                                 steps=5, T=5, **s),
+                                                  tmp_path / 'a.csv', record)
+    first = fit('one')
+    assert record.exists() and first.path == tmp_path / 'one' / 'model.pt'
+    again = fit('two')
+    assert again.path == record and not (tmp_path / 'two' / 'model.pt').exists()
+    assert again.cfg['data'] == str((tmp_path / 'a.csv').resolve())      # its data where they are now
+    assert np.allclose(again.score_samples(x[:20]), first.score_samples(x[:20]))
+    other = fit('three', heldout=0.2)                                  # other settings: trained
+    assert other.path == tmp_path / 'three' / 'model.pt'
+    np.savetxt(tmp_path / 'a.csv', x + 1, delimiter=',', header='u,v', comments='')
+    assert fit('four').path == tmp_path / 'four' / 'model.pt'         # other data: trained
+    monkeypatch.setenv('DPM_SMALL', '0'); monkeypatch.setenv('DPM_ROOT', str(tmp_path))
+    (tmp_path / 'results' / 'evaluations').mkdir(parents=True)
+    study = lambda m, n: {'mean': float(m.score_samples(m.heldout()[:n]).mean())}
+    made, where = own_data.recorded(again, 's', study, n=10)
+    read, where_read = own_data.recorded(again, 's', study, n=10)
+    assert not where['read'] and where_read['read'] and read == made
+    assert not own_data.recorded(again, 's', study, n=11)[1]['read']   # other settings: computed
