@@ -256,11 +256,13 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
 # %% ../nbs/05b_experiments.ipynb #3097bf03
 def packaged_model(tag: str) -> Path:
     """The model dpm carries for `tag` in dpm/assets/models (setup.py copies it): `<tag>.pt`, or the
-    first shard of the pack `<tag>.bf16.NN.pt` (chapter A3); in a checkout, a pack committed under
+    first shard of the pack `<tag>.bf16.NN.pt` (chapter A3); in a checkout (an editable install
+    copies nothing), the committed model results/models/<tag>.pt or the pack committed under
     results/<tag>/weights. A path that does not exist if there is none."""
-    shipped = assets_dir() / 'models'
+    shipped, results = assets_dir() / 'models', repo_root() / 'results'
     for path in (shipped / f'{tag}.pt', shipped / f'{tag}.bf16.00.pt',
-                 repo_root() / 'results' / tag / 'weights' / f'{tag}.bf16.00.pt'):
+                 results / 'models' / f'{tag}.pt',
+                 results / tag / 'weights' / f'{tag}.bf16.00.pt'):
         if path.is_file(): return path
     return shipped / f'{tag}.pt'
 

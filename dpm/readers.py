@@ -128,7 +128,12 @@ def _encode(u, text, encoding='utf-8'):                # protocol 2 writes bytes
         _refuse(u, 'refusing _codecs.encode other than of latin-1 text')
     return text.encode('latin1')
 
-_SAFE = {('numpy.core.multiarray', '_reconstruct'): _np_reconstruct, ('numpy', 'dtype'): _np_dtype,
+def _bytes(u, *args):                                  # protocol 2 writes b'' as bytes()
+    if args: _refuse(u, 'refusing bytes() with arguments')
+    return b''
+
+_SAFE = {('__builtin__', 'bytes'): _bytes, ('builtins', 'bytes'): _bytes,
+         ('numpy.core.multiarray', '_reconstruct'): _np_reconstruct, ('numpy', 'dtype'): _np_dtype,
          ('numpy.core.multiarray', 'scalar'): _np_scalar, ('_codecs', 'encode'): _encode,
          ('numpy.core.numeric', '_frombuffer'): _np_frombuffer}
 
@@ -185,8 +190,8 @@ def read_cifar_batch(path):
     try: d = _ArrayUnpickler(raw, path).load()
     except DataError: raise
     except Exception as e:                         # truncated, garbage: the unpickler's errors
-        raise DataError(f"{path} is not a readable CIFAR-10 batch ({type(e).__name__}: "
-                        f"{str(e)[:100]})") from None
+        why = 'truncated' if isinstance(e, EOFError) else 'not a pickled batch, or damaged'
+        raise DataError(f"{path} is not a readable CIFAR-10 batch ({why})") from None
     get = lambda k: d.get(k.encode(), d.get(k)) if isinstance(d, dict) else None
     data, labels = get('data'), get('labels')
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
@@ -211,9 +216,13 @@ def read_grey_jpeg(path, max_pixels: int = BARK_MAX_PIXELS) -> np.ndarray:
                                     f"refusing to decode it")
                 return np.asarray(im.convert('L'))
         except DataError: raise
+        except Image.DecompressionBombError:                 # PIL's own cap, before ours
+            raise DataError(f"{path} claims more pixels than {max_pixels:,}; refusing to decode "
+                            f"it") from None
         except Exception as e:                               # corrupt, truncated, not a JPEG
-            raise DataError(f"{path} is not a readable JPEG ({type(e).__name__}: "
-                            f"{str(e)[:100]})") from None
+            why = ('not a JPEG image' if isinstance(e, Image.UnidentifiedImageError)
+                   else 'truncated or damaged')              # no internal exception text
+            raise DataError(f"{path} is not a readable JPEG ({why})") from None
 
 # %% ../nbs/A4_readers.ipynb #11722324
 PHOTOS_DEBIAN = {       # dpm/assets/photos/<name>.png: licence (author); more in photos.md
