@@ -12,11 +12,15 @@ records) and runs it on one thread, so that two workers share a 2-core machine:
         python bench/successors_factorial.py --worker & done
     ... --data mnist                           # this worker only MNIST's jobs
     touch results/successors/study/.stop       # every worker stops after its current job
-    ... --list                                 # the jobs, and which are done
+    ... --list                                 # the jobs: which are done, which locked by whom
+
+A lock names its worker ('pid N on HOST'); a worker that finds a lock whose process is gone on
+this host (killed) takes the job over and says so; the jobs it leaves to running workers it names
+when it ends.
     ... --floors                               # the real data's and the Gaussian's sample measures
     DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
 """
-import argparse, os, sys, time
+import argparse, os, platform, sys, time
 from pathlib import Path
 import torch
 
@@ -44,11 +48,53 @@ def jobs(seeds):
             for seed in (seeds[:JUMP_SEEDS] if schedule == 'jump' else seeds) for cell in cells]
 
 
-def claim(lock: Path) -> bool:
-    "Create the lock file, or False if another worker has it."
-    try: os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError: return False
+def lock_owner(lock: Path):
+    "(pid, host) that a lock file names ('pid N on HOST'), or None if it names none (yet)."
+    try: words = lock.read_text(encoding='utf-8', errors='replace').split()
+    except OSError: return None
+    if len(words) >= 4 and words[0] == 'pid' and words[1].isascii() and words[1].isdigit() \
+            and words[2] == 'on': return int(words[1]), ' '.join(words[3:])
+    return None
+
+
+def owner_alive(owner) -> bool:
+    "Whether a lock's process runs: on another host it cannot be told, so it counts as running."
+    if owner is None or owner[1] != platform.node(): return True
+    try: os.kill(owner[0], 0)
+    except ProcessLookupError: return False
+    except (PermissionError, OverflowError): return True
     return True
+
+
+def claim(lock: Path, say=print) -> bool:
+    """Create the lock file naming this process ('pid N on HOST'), or False if a running worker
+    has it; a lock whose process is gone (a worker killed) is taken over, and said so."""
+    for _ in range(3):
+        try: fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            owner = lock_owner(lock)
+            if owner_alive(owner): return False
+            stale = lock.with_name(f'{lock.name}.stale.{os.getpid()}')
+            try: os.rename(lock, stale)                       # one taker wins the rename
+            except FileNotFoundError: continue
+            if lock_owner(stale) != owner:                    # a fresh lock taken by mistake
+                os.rename(stale, lock); return False
+            stale.unlink(missing_ok=True)
+            say(f"{lock.name}: its worker (pid {owner[0]} on {owner[1]}) is gone: "
+                f"taking the job over", flush=True)
+            continue
+        with os.fdopen(fd, 'w') as f: f.write(f'pid {os.getpid()} on {platform.node()}\n')
+        return True
+    return False
+
+
+def lock_state(lock: Path) -> str:
+    "What --list says of a job's lock: '' if none."
+    if not lock.exists(): return ''
+    owner = lock_owner(lock)
+    if owner is None: return 'locked (no owner named: remove the lock if no worker runs)'
+    return (f"locked by pid {owner[0]} on {owner[1]} "
+            f"({'running' if owner_alive(owner) else 'gone: the next worker takes it over'})")
 
 
 def main(argv=None):
@@ -69,13 +115,18 @@ def main(argv=None):
     todo = [job for job in jobs(a.seeds) if job[0] in a.data]
     if a.list or not a.worker:
         for data, cell, schedule, seed, _ in todo:
-            done = (out / f'{data}-{cell}-{schedule}-seed{seed}.json').exists()
-            print(f"{'done' if done else '    '} {data} {cell} {schedule} seed {seed}")
+            name = f'{data}-{cell}-{schedule}-seed{seed}'
+            done = (out / f'{name}.json').exists()
+            print(f"{'done' if done else '    '} {data} {cell} {schedule} seed {seed}"
+                  + ('' if done else f"  {lock_state(out / f'.{name}.lock')}").rstrip())
         return
+    skipped = []
     for data, cell, schedule, seed, fixes in todo:
         name = f'{data}-{cell}-{schedule}-seed{seed}'
         if (out / '.stop').exists(): break                 # stop between jobs when asked
-        if (out / f'{name}.json').exists() or not claim(out / f'.{name}.lock'): continue
+        if (out / f'{name}.json').exists(): continue
+        if not claim(out / f'.{name}.lock'):
+            skipped.append(f"{name} ({lock_state(out / f'.{name}.lock')})"); continue
         t0 = time.perf_counter()
         try: r = run_cell(data, cell, seed, schedule, out, fixes)
         except Exception as e:                            # the next job still runs
@@ -87,6 +138,7 @@ def main(argv=None):
               f"{r['scores']['as_specified']['K_bits']:.4f} {r['unit']}, samples "
               f"{ {k: round(v, 3) for k, v in s.items() if isinstance(v, float)} }, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
+    for job in skipped: print(f"skipped {job}", flush=True)
 
 
 if __name__ == '__main__':

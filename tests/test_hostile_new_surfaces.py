@@ -350,3 +350,57 @@ def test_a_swallowed_interrupt_is_raised_again(tmp_path):
     except subprocess.TimeoutExpired: p.kill(); raise AssertionError('the interrupt stayed lost')
     assert 'swallowed' in out and p.returncode == 130 and err.strip() == 'dpm: interrupted', (out, err)
     assert time.time() - t0 < 15
+
+
+# 9. campaign locks that name their owner ------------------------------------------------------------
+def factorial_module():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location('successors_factorial',
+                                                  ROOT / 'bench' / 'successors_factorial.py')
+    m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
+    return m
+
+
+def gone_pid() -> int:
+    "The id of a process that has ended."
+    p = subprocess.Popen([sys.executable, '-c', 'pass']); p.wait()
+    return p.pid
+
+
+def test_a_lock_names_its_owner_and_a_dead_one_is_taken_over(tmp_path):
+    import platform
+    sf = factorial_module()
+    lock = tmp_path / '.x.lock'
+    said = []
+    assert sf.claim(lock, say=lambda *a, **k: said.append(a[0]))
+    assert lock.read_text() == f'pid {os.getpid()} on {platform.node()}\n' and not said
+    assert not sf.claim(lock, say=lambda *a, **k: said.append(a[0]))     # a running owner: kept
+    dead = gone_pid()
+    lock.write_text(f'pid {dead} on {platform.node()}\n')
+    assert sf.claim(lock, say=lambda *a, **k: said.append(a[0]))
+    assert said == [f'.x.lock: its worker (pid {dead} on {platform.node()}) is gone: taking the job over']
+    assert lock.read_text().startswith(f'pid {os.getpid()} ')
+    lock.write_text(f'pid {dead} on another-host\n')                   # cannot be told: kept
+    assert not sf.claim(lock, say=said.append) and len(said) == 1
+
+
+def test_list_and_worker_name_the_locked_jobs(tmp_path):
+    import platform
+    sf = factorial_module()
+    todo = [j for j in sf.jobs([0]) if j[0] == 'swiss_roll']
+    names = [f'{d}-{c}-{s}-seed{seed}' for d, c, s, seed, _ in todo]
+    for n in names[2:]: (tmp_path / f'{n}.json').write_text('{}')          # done
+    (tmp_path / f'.{names[0]}.lock').write_text(f'pid {os.getpid()} on {platform.node()}\n')
+    (tmp_path / f'.{names[1]}.lock').write_text('')                        # an old lock: no owner
+    args = ['--out', tmp_path, '--seeds', '0', '--data', 'swiss_roll']
+    r = script(ROOT / 'bench' / 'successors_factorial.py', *args, '--list')
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert any(names[0].split('-')[1] in l and f'locked by pid {os.getpid()}' in l and 'running' in l
+               for l in lines), r.stdout
+    assert sum('no owner named' in l for l in lines) == 1, r.stdout
+    before = tree(tmp_path)
+    r = script(ROOT / 'bench' / 'successors_factorial.py', *args, '--worker')
+    assert r.returncode == 0, r.stderr
+    assert f'skipped {names[0]}' in r.stdout and f'skipped {names[1]}' in r.stdout, r.stdout
+    assert tree(tmp_path) == before                                          # nothing run, nothing lost
