@@ -361,15 +361,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 # %% ../nbs/06_cli.ipynb #480782e1
-def _interrupted(args):
+import re, signal
+
+def _interrupted(args, what: str = 'interrupted'):
     "One line on where an interrupted run can be resumed from."
     ck = Path(args.out) / 'checkpoint.pt' if getattr(args, 'out', None) else None
-    if args.command != 'train' or ck is None: return 'dpm: interrupted'
+    if args.command != 'train' or ck is None: return f'dpm: {what}'
     try: step = load_checkpoint(ck)['step']
     except CheckpointError:
-        return f"dpm: interrupted before the first checkpoint; {ck} does not exist"
-    return (f"dpm: interrupted; {ck} holds step {step}: run the same command again to resume "
+        return f"dpm: {what} before the first checkpoint; {ck} does not exist"
+    return (f"dpm: {what}; {ck} holds step {step}: run the same command again to resume "
             f"from there")
+
+def _ranks() -> tuple:
+    "(rank, number of processes) that torchrun gave this process (its environment)."
+    return int(os.environ.get('RANK', '0')), int(os.environ.get('WORLD_SIZE', '1'))
+
+def _peer_lost(e: BaseException, args):
+    "The one line of a run of several processes whose peer ended (gloo, NCCL); else None."
+    rank, n = _ranks()
+    if n <= 1 or getattr(args, 'command', None) != 'train' or not isinstance(e, RuntimeError) \
+            or not re.search(r'gloo|NCCL|[Cc]onnection|peer|[Tt]imed out', str(e)): return None
+    lost = f'rank {1 - rank}' if n == 2 else 'another rank'
+    return _interrupted(args, f'{lost} of the {n} processes was lost (its connection closed)')
+
+def _stopped(args, signum):
+    "The line of a run ended by SIGINT or SIGTERM (under torchrun: another rank may have failed)."
+    rank, n = _ranks()
+    if n > 1 and signum == signal.SIGTERM:
+        return _interrupted(args, f'rank {rank} stopped by SIGTERM (torchrun stops every process '
+                                  f'when one of them ends)')
+    return _interrupted(args)
 
 # %% ../nbs/06_cli.ipynb #e7a1c060
 def user_caused(e: BaseException) -> bool:
@@ -429,12 +451,13 @@ def main(argv=None):
         args.func(args)
     except KeyboardInterrupt:                                 # Ctrl-C or SIGTERM: exit 128 + N
         _STOP['handling'] = True
-        print(_interrupted(args), file=sys.stderr)
+        print(_stopped(args, _STOP['signal']), file=sys.stderr)
         raise SystemExit(128 + (_STOP['signal'] or signal.SIGINT))
     except BrokenPipeError:                                   # `dpm list | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); raise SystemExit(141)
     except Exception as e:
-        _STOP['handling'] = True
+        _STOP['handling'] = True                              # torchrun's SIGTERM: not a 2nd line
+        if not args.debug and (lost := _peer_lost(e, args)): raise SystemExit(lost) from None
         if args.debug or not user_caused(e): raise            # a bug of ours: its traceback
         raise SystemExit(one_line(e)) from None
     finally: _STOP['handling'] = True; _stop_handlers(False, before)

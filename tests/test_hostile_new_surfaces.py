@@ -404,3 +404,52 @@ def test_list_and_worker_name_the_locked_jobs(tmp_path):
     assert r.returncode == 0, r.stderr
     assert f'skipped {names[0]}' in r.stdout and f'skipped {names[1]}' in r.stdout, r.stdout
     assert tree(tmp_path) == before                                          # nothing run, nothing lost
+
+
+# 7. a lost peer under torchrun (gloo, CPU) -----------------------------------------------------------
+def rank_pids(agent: int) -> dict:
+    "RANK -> pid of the worker processes under a torchrun agent (read from /proc)."
+    found = {}
+    for p in Path('/proc').iterdir():
+        if not p.name.isdigit(): continue
+        try:
+            env = dict(kv.split('=', 1) for kv in (p / 'environ').read_bytes().decode(
+                errors='replace').split('\0') if '=' in kv)
+            stat = (p / 'stat').read_text().rsplit(')', 1)[1].split()
+        except OSError: continue
+        if int(stat[1]) == agent and 'RANK' in env and 'TORCHELASTIC_RUN_ID' in env:
+            found[int(env['RANK'])] = int(p.name)
+    return found
+
+
+@pytest.mark.skipif(not torch.distributed.is_available() or not Path('/proc/self/environ').exists(),
+                    reason='torch.distributed or /proc missing')
+@pytest.mark.parametrize('victim', [0, 1])
+def test_a_lost_peer_is_one_line_naming_it(tmp_path, victim):
+    """kill -9 of one of two processes: the other ends within 60 s with one `dpm:` line naming the
+    lost rank and the step its checkpoint holds; no traceback through dpm's code."""
+    out = tmp_path / 'run'
+    p = subprocess.Popen([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                          '--nproc_per_node=2', '-m', 'dpm', 'train', 'swiss_roll', '--small',
+                          '--set', 'steps=100000000', '--set', 'T=10', '--set', 'eval_every=0',
+                          '--set', 'checkpoint_every=50', '--no-progress', '--out', str(out)],
+                         cwd=ROOT, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        for _ in range(1800):
+            if (out / 'checkpoint.pt').exists(): break
+            time.sleep(0.1)
+        pids = rank_pids(p.pid)
+        assert set(pids) == {0, 1}, pids
+        os.kill(pids[victim], signal.SIGKILL)
+        t0 = time.time()
+        _, err = p.communicate(timeout=60)
+    finally:
+        if p.poll() is None: p.kill()
+    assert p.returncode != 0 and time.time() - t0 < 60
+    lines = [l for l in err.splitlines() if 'dpm: ' in l]
+    assert len(lines) == 1, err[-3000:]
+    assert f'rank {victim} of the 2 processes was lost' in lines[0] and 'holds step' in lines[0], lines
+    assert 'dpm/' not in err and '[rank' not in err, err[-3000:]        # no traceback of ours
+    from dpm.training import load_checkpoint
+    step = int(re.search(r'holds step (\d+)', lines[0])[1])
+    assert load_checkpoint(out / 'checkpoint.pt')['step'] == step > 0
