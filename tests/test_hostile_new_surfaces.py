@@ -355,8 +355,7 @@ def test_a_swallowed_interrupt_is_raised_again(tmp_path):
 # 9. campaign locks that name their owner ------------------------------------------------------------
 def factorial_module():
     import importlib.util
-    spec = importlib.util.spec_from_file_location('successors_factorial',
-                                                  ROOT / 'bench' / 'successors_factorial.py')
+    spec = importlib.util.spec_from_file_location('campaign_locks', ROOT / 'bench' / 'campaign_locks.py')
     m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
     return m
 
@@ -385,9 +384,11 @@ def test_a_lock_names_its_owner_and_a_dead_one_is_taken_over(tmp_path):
 
 
 def test_list_and_worker_name_the_locked_jobs(tmp_path):
-    import platform
-    sf = factorial_module()
-    todo = [j for j in sf.jobs([0]) if j[0] == 'swiss_roll']
+    import importlib.util, platform
+    spec = importlib.util.spec_from_file_location('successors_factorial',
+                                                  ROOT / 'bench' / 'successors_factorial.py')
+    sfm = importlib.util.module_from_spec(spec); spec.loader.exec_module(sfm)
+    todo = [j for j in sfm.jobs([0]) if j[0] == 'swiss_roll']
     names = [f'{d}-{c}-{s}-seed{seed}' for d, c, s, seed, _ in todo]
     for n in names[2:]: (tmp_path / f'{n}.json').write_text('{}')          # done
     (tmp_path / f'.{names[0]}.lock').write_text(f'pid {os.getpid()} on {platform.node()}\n')
