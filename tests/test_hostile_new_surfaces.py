@@ -454,3 +454,90 @@ def test_a_lost_peer_is_one_line_naming_it(tmp_path, victim):
     from dpm.training import load_checkpoint
     step = int(re.search(r'holds step (\d+)', lines[0])[1])
     assert load_checkpoint(out / 'checkpoint.pt')['step'] == step > 0
+
+
+# 6. records carry a checksum and a schema ------------------------------------------------------------
+STUDY = ROOT / 'results' / 'successors' / 'study'
+
+
+def tampered_records():
+    "(name, how a committed record is changed): plausible edits and damage."
+    from dpm.factorial import pack_values, unpack_values
+    def shift(r):                                  # every per-example K + 0.5: a plausible edit
+        ex = r['scores']['as_specified']['examples']
+        ex['K'] = pack_values(unpack_values(ex['K']) + 0.5)
+    def nan_k(r):
+        ex = r['scores']['as_specified']['examples']
+        ex['K'] = pack_values(unpack_values(ex['K']) * float('nan'))
+    return [('K + 0.5', shift), ('NaN per-example K', nan_k),
+            ('seed "3"', lambda r: r.update(seed='3')), ('samples []', lambda r: r.update(samples=[])),
+            ('no curve', lambda r: r.pop('curve')),
+            ('K_bits NaN', lambda r: r['scores']['as_specified'].update(K_bits=float('nan'))),
+            ('complete "yes"', lambda r: r.update(complete='yes'))]
+
+
+@pytest.mark.parametrize('resign', [False, True])
+@pytest.mark.parametrize('how', range(7))
+def test_a_tampered_study_record_is_refused_naming_the_file(tmp_path, how, resign):
+    """A committed study record, signed with tools/record_checksums.py in a scratch folder, then
+    edited: refused by its checksum; edited and signed again (the checksum recomputed), the edits
+    that break the schema are still refused, naming the file."""
+    from dpm.readers import RecordError, read_study_record, signed
+    name, change = tampered_records()[how]
+    src = sorted(STUDY.glob('mnist-eps-tilde-K-linear-seed*.json'))[0]
+    shutil.copy(src, tmp_path / src.name)
+    r = script(ROOT / 'tools' / 'record_checksums.py', tmp_path)
+    assert r.returncode == 0 and '1 signed' in r.stdout, r.stdout + r.stderr
+    good = read_study_record(tmp_path / src.name)
+    rec = json.loads(json.dumps(good)); change(rec)
+    if resign: rec = signed(rec)
+    (tmp_path / src.name).write_text(json.dumps(rec))
+    if resign and name in ('K + 0.5', 'NaN per-example K'):
+        assert read_study_record(tmp_path / src.name)       # signed by the editor: the sum cannot tell
+        return
+    with pytest.raises(RecordError) as e: read_study_record(tmp_path / src.name)
+    assert str(tmp_path / src.name) in str(e.value), e.value
+    r = script(ROOT / 'tools' / 'record_checksums.py', '--check', tmp_path)
+    assert r.returncode == 1 and src.name in r.stderr, r.stdout + r.stderr
+
+
+def test_signing_keeps_every_value_and_refuses_a_mismatch(tmp_path):
+    from dpm.readers import read_floors, read_record
+    for p in [STUDY / 'floors.json', *sorted(STUDY.glob('swiss_roll-*-jump-seed0.json'))]:
+        shutil.copy(p, tmp_path / p.name)
+    before = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir()}
+    r = script(ROOT / 'tools' / 'record_checksums.py', tmp_path)
+    assert r.returncode == 0, r.stderr
+    for p in tmp_path.iterdir():
+        after = read_record(p); after.pop('sha256')
+        assert after == before[p.name], p.name                    # the values, unchanged
+    assert set(read_floors(tmp_path / 'floors.json', ['swiss_roll', 'mnist'])) >= {'swiss_roll', 'mnist'}
+    snap = tree(tmp_path)
+    assert script(ROOT / 'tools' / 'record_checksums.py', '--check', tmp_path).returncode == 0
+    f = tmp_path / 'floors.json'; f.write_text(f.read_text().replace('"n":2000', '"n":2001', 1))
+    r = script(ROOT / 'tools' / 'record_checksums.py', tmp_path)   # a mismatch is never re-signed
+    assert r.returncode == 1 and 'floors.json' in r.stderr and 'does not match' in r.stderr
+    assert {k: v for k, v in tree(tmp_path).items() if k != 'floors.json'} == \
+        {k: v for k, v in snap.items() if k != 'floors.json'}
+
+
+def test_an_evaluation_record_is_recomputed_when_it_fails_saying_so(tmp_path, capsys):
+    from dpm.experiments import recorded_study, write_study
+    calls = []
+    run = lambda: calls.append(1) or dict(K_bits=-1.25, K_bits_se=0.01)
+    recorded_study(tmp_path / 'e.pt', 'k', run)
+    good = torch.load(tmp_path / 'e.pt', weights_only=True)
+    for change, words in [(dict(K_bits=-0.75), 'does not match its sha256'),
+                          (dict(machine='a string'), "'machine'"),
+                          ({'sha256': None}, 'no checksum')]:
+        torch.save({**good, **change}, tmp_path / 'e.pt')
+        capsys.readouterr()
+        study, where = recorded_study(tmp_path / 'e.pt', 'k', run)
+        err = capsys.readouterr().err.strip()
+        assert not where['read'] and study['K_bits'] == -1.25, study
+        assert len(err.splitlines()) == 1 and str(tmp_path / 'e.pt') in err and words in err, err
+        assert 'computing it anew' in err
+    write_study(tmp_path / 'e.pt', 'k', dict(K_bits=float('nan'), K_bits_se=float('nan')))
+    study, where = recorded_study(tmp_path / 'e.pt', 'k', run)       # all NaN, yet signed: refused
+    assert not where['read'] and study['K_bits'] == -1.25 and 'NaN' in capsys.readouterr().err
+    assert len(calls) == 5
