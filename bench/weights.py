@@ -17,8 +17,9 @@ and lists the round trip through bfloat16 among the run's restarts (its step, th
 `optimiser: kept`), so the record counts the GPU runs. Shards that are not one complete pack of
 one file are refused in one line, and `unpack`, `resume` and `check` verify the whole pack (every
 shard, its sha256, the kind of file and, with --experiment, whose it is) before anything is
-written: a refused pack leaves every file as it was. `bundle` puts the shards of a folder into as few tar files of at
-most 16 MiB as it can (a GPU machine returns at most 8 files): `tar xf` gives them back.
+written: a refused pack leaves every file as it was. `bundle` puts the shards of a folder into as
+few tar files of at most 16 MiB as it can (a GPU machine returns at most 8 files): `tar xf` gives
+them back.
 """
 import argparse, hashlib, sys, tarfile
 from pathlib import Path
@@ -60,10 +61,10 @@ def verify(shards, kind: str, experiment: str = None) -> dict:
     ck = read_shards(shards)
     have = ck.get('kind', 'training')
     if have != kind:
+        what = dict(training='a training checkpoint', model='a model file')
         use = '`resume`' if have == 'training' else '`unpack`'
-        raise CheckpointError(f"these shards pack a {'training checkpoint' if have == 'training' else 'model file'}"
-                              f", not a {'model file' if kind == 'model' else 'training checkpoint'}:"
-                              f" use {use}")
+        raise CheckpointError(f"these shards pack {what.get(have, repr(have))}, not "
+                              f"{what[kind]}: use {use}")
     first = Path(sorted(map(str, shards))[0]).name
     if experiment is not None and kind == 'model' and ck.get('experiment') != experiment:
         raise CheckpointError(f"{first}: the shards pack a model of {ck.get('experiment')!r}, not "
@@ -98,7 +99,7 @@ def resume(target, shards, experiment: str = None):
 
 
 def check(shards, kind: str, experiment: str = None):
-    "Verify a pack and say what it holds; nothing is written (the campaign's install runs it first)."
+    "Verify a pack and say what it holds; nothing is written (the campaign's install runs it)."
     ck = verify(shards, kind, experiment)
     print(f"{len(shards)} shard(s): a complete {kind} pack of {ck.get('experiment')}, "
           f"step {ck.get('step', ck.get('info', {}).get('steps', '?'))}")
@@ -161,7 +162,7 @@ def main(argv=None):
     c = sub.add_parser('check', help='verify a pack completely; write nothing')
     c.add_argument('shards', nargs='+'); c.add_argument('--state', action='store_true')
     for q in (u, s, c):
-        q.add_argument('--experiment', help="the experiment the pack must hold (and be named after)")
+        q.add_argument('--experiment', help="the experiment the pack must hold (and be named for)")
     b = sub.add_parser('bundle', help='the shards of a folder in tar files of at most 16 MiB')
     b.add_argument('folder')
     r = sub.add_parser('summary', help="one line from a run's training.json")

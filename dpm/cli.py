@@ -314,7 +314,7 @@ def cmd_list(args):
     if sys.stdout is None:                                   # `dpm list >&-`: nowhere to list to
         raise OutDirError("standard output is closed: nothing to list the experiments on")
     for name, exp in sorted(experiments().items()): print(f"{name:18s} {exp.description}")
-    sys.stdout.flush()                                       # a failed write fails here, in one line
+    sys.stdout.flush()                                       # a failed write: one line, here
 
 # %% ../nbs/06_cli.ipynb #38dd9b5c
 def _add_upgrade(sub):

@@ -357,7 +357,7 @@ def check_fields(rec, schema: dict, path) -> dict:
 RECORD_MAX_BYTES = 1 << 26                # a record: at most 64 MiB
 
 def read_record(path, schema: dict = None) -> dict:
-    "A committed JSON record whose checksum matches and whose fields fit `schema`; else RecordError."
+    "A committed JSON record, its checksum matching, its fields fitting `schema`; else RecordError."
     try:
         with open_regular(path, 'record', RECORD_MAX_BYTES, RecordError) as f: raw = f.read()
         rec = json.loads(raw.decode('utf-8'))
@@ -378,8 +378,8 @@ def read_record(path, schema: dict = None) -> dict:
 
 # %% ../nbs/A4_readers.ipynb #rec52007
 STUDY_RECORD = dict(data=str, cell=str, seed=int, complete=bool, small=bool, schedule=dict)
-STUDY_RESULT = dict(steps=int, curve=NONEMPTY, samples=(lambda v: isinstance(v, dict) and len(v) > 0,
-                                                       'a non-empty object'),
+STUDY_RESULT = dict(steps=int, curve=NONEMPTY,
+                    samples=(lambda v: isinstance(v, dict) and len(v) > 0, 'a non-empty object'),
                     scores=dict(as_specified=dict(K_bits=FINITE, examples=NONEMPTY)))
 
 def read_study_record(path) -> dict:

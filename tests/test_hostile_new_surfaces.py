@@ -317,8 +317,9 @@ def started(cmd, ready: str, cwd, env=None, limit=180):
 def test_sigterm_ends_training_as_sigint_does(tmp_path, sig, code):
     out = tmp_path / 'run'
     cmd = 'from dpm.cli import main; main()'
-    p, seen = started(f"import sys; sys.argv[1:] = {['train', 'swiss_roll', '--out', str(out), '--no-progress', '--set', 'steps=10000000', '--set', 'checkpoint_every=50', '--set', 'eval_every=0']!r}; " + cmd,
-                      'data:', ROOT)
+    argv = ['train', 'swiss_roll', '--out', str(out), '--no-progress', '--set', 'steps=10000000',
+            '--set', 'checkpoint_every=50', '--set', 'eval_every=0']
+    p, seen = started(f"import sys; sys.argv[1:] = {argv!r}; " + cmd, 'data:', ROOT)
     for _ in range(600):                                 # a checkpoint written: a step to resume
         if (out / 'checkpoint.pt').exists(): break
         time.sleep(0.1)

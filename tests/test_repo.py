@@ -151,7 +151,8 @@ def test_wheel_carries_the_packaged_models(installed):
 def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
     """`dpm sample` from the installed wheel, outside the checkout, at full scale: the toy models the
     wheel carries are loaded, nothing is trained; a DIR without model.pt (heartbeat here) falls back
-    to the shipped model and says so on stdout (a notice: no `dpm:` line), a DIR with one (swiss roll) uses its own silently."""
+    to the shipped model and says so on stdout (a notice: no `dpm:` line), a DIR with one (swiss
+    roll) uses its own silently."""
     wheel, site, env = installed
     dpm_cli = site / 'bin' / 'dpm'
     where = subprocess.run([sys.executable, '-c', 'import dpm, dpm.data; print(dpm.__file__); '
