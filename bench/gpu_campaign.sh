@@ -24,10 +24,14 @@
 #    (a warm restart with a fresh optimiser, chapter 05). The record sums steps and time over the
 #    GPU runs and lists each restart. If the files do not fit the configuration, or were trained on
 #    other training data, the run says so and starts afresh.
-# 3a. The runs in ALONE (default: mnist) train alone on the GPU, one after another, in two parts:
-#    CURVE_MIN minutes, then (after a checkpoint) up to GPU_MIN_ALONE minutes in all. The model of
-#    the first part is evaluated with `dpm evaluate` beside the second part: a point of the run's
-#    curve (<name>_gpu-at-<step>/record.json, installed as results/<name>_gpu/curve/step_<step>.json).
+# 3a. The runs in ALONE (default: mnist) train alone on the GPU, one after another, in parts of
+#    CURVE_MIN minutes (each ends with a checkpoint), up to GPU_MIN_ALONE minutes in all. The model
+#    of each part is evaluated with `dpm evaluate` beside the next part: a point of the run's curve
+#    (<name>_gpu-at-<step>/record.json, installed as results/<name>_gpu/curve/step_<step>.json).
+#    After each point the stopping rule (eq-mnist-stop, bench/curve_rule.py: the Parzen estimate
+#    has not risen over its last two points of the present schedule, the committed ones included)
+#    may end the run; a run that the committed points have already stopped is not trained. The
+#    rule's verdict over all the points goes into the final record ('stop': stopped or not, why).
 # 3b. The CUDA test suite (OMP_NUM_THREADS=4), the final evaluation of the runs of 3a, and the other
 #    runs of PAPER together, each trained for at most GPU_MIN minutes and then evaluated (at most
 #    EVAL_S each), but only if the deadline leaves them a minute of training.
@@ -223,19 +227,30 @@ paper_run() {                 # train for TRAIN_MIN, then evaluate; output in $W
   paper_train "$1" "$TRAIN_MIN" && paper_eval "$1" "$W/paper/${1}_gpu"
 }
 
-alone_run() {                 # trained alone on the device, in two parts; the first part's model is
-  local dir="$W/paper/${1}_gpu" part2 k pid=   # evaluated (a point of the curve) beside the second
-  paper_train "$1" "$CURVE_MIN" || return
-  read -r k done < <(python -c "import json; r = json.load(open('$dir/training.json'))
-print(r['steps'], int(r['completed']))")
-  if [ "$done" = 0 ]; then
-    mkdir -p "$dir-at-$k"; cp "$dir/model.pt" "$dir/training.json" "$dir-at-$k/"
-    paper_eval "$1" "$dir-at-$k" > "$W/logs/curve_$1.log" 2>&1 & pid=$!
-    part2=$(python -c "print(round(max(0, min($GPU_MIN_ALONE - $CURVE_MIN, \
+rule() {                      # $1: mnist, ...: the stopping rule (eq-mnist-stop) over the committed
+  python bench/curve_rule.py "$WEIGHTS/${1}_gpu" "$W/paper/${1}_gpu"-at-* "${@:2}"  # and new points
+}
+
+alone_run() {                 # trained alone on the device in parts of CURVE_MIN minutes; the model
+  local dir="$W/paper/${1}_gpu" k done pid= spent=0 part   # of each part is evaluated (a curve
+                                                        # point) beside the next part's training
+  if rule "$1"; then echo "$1 not trained: its stopping rule ended it"; return; fi
+  while :; do
+    part=$(python -c "print(round(max(0, min($CURVE_MIN, $GPU_MIN_ALONE - $spent, \
       ($(left) - $START_S - $EVAL_ALONE) / 60)), 3))")
-    echo "second part: at most $part2 min"
-    paper_train "$1" "$part2"
-  fi
+    python -c "import sys; sys.exit($part < 0.25 * $CURVE_MIN)" || break     # too short a part
+    paper_train "$1" "$part" || break
+    spent=$(python -c "print($spent + $part)")
+    read -r k done < <(python -c "import json; r = json.load(open('$dir/training.json'))
+print(r['steps'], int(r['completed']))")
+    [ "$done" = 1 ] && break
+    if [ -n "$pid" ]; then                            # the last point's evaluation, then the rule
+      wait "$pid"; pid=
+      if rule "$1"; then echo "$1 stopped by its rule after this part"; break; fi
+    fi
+    mkdir -p "$dir-at-$k"; cp "$dir/model.pt" "$dir/training.json" "$dir-at-$k/"
+    paper_eval "$1" "$dir-at-$k" > "$W/logs/curve_$1_$k.log" 2>&1 & pid=$!
+  done
   [ -n "$pid" ] && wait "$pid"                            # (a bare `wait` would wait for tee)
 }
 
@@ -270,6 +285,10 @@ if [ $RUN_REST = 1 ]; then
   for e in $REST; do paper_run "$e" > "$W/logs/paper_$e.log" 2>&1 & pids+=($!); done
 fi
 [ ${#pids[@]} -gt 0 ] && wait "${pids[@]}"
+for e in $ALONE; do                # the rule's verdict over all the points, in the final record
+  f="$W/paper/${e}_gpu/record.json"
+  [ -f "$f" ] && log "rule for $e: $(rule "$e" "$W/paper/${e}_gpu" --write "$f")"
+done
 for f in "$W"/logs/paper_*.log "$W"/logs/curve_*.log "$W"/logs/pytest_cuda.log; do
   [ -f "$f" ] && { log "== $(basename "$f")"; tail -4 "$f"; }
 done

@@ -9,6 +9,7 @@ import torch
 from fastcore.basics import patch
 from .diffusion import (Diffusion, GaussianDiffusion, BinomialDiffusion, check_steps,
                            LOG_2PI, bernoulli_log_prob)
+from .cpu_memory import kept_memory
 
 # %% ../nbs/02_bound.ipynb #33c1da2b
 def reverse_step(d: Diffusion, reverse, xt, t):
@@ -45,6 +46,7 @@ def log_likelihood(self: Diffusion, reverse, x0, n: int = 100, chunk: int = 1 <<
 def _split(n, size): return [size] * (n // size) + ([n % size] if n % size else [])
 
 # %% ../nbs/02_bound.ipynb #d9a62078
+@kept_memory()                               # a chain of T steps: freed memory kept (appendix A6)
 def _log_weights(d, reverse, x0, m):
     "Log importance weights (eq-model-probability) of m forward trajectories, shape (m, batch)."
     B = x0.shape[0]
@@ -118,6 +120,7 @@ def kl_terms(d: Diffusion, reverse, x0, t, noise=None, runs: int = 1):
 
 # %% ../nbs/02_bound.ipynb #63f068e1
 @patch
+@kept_memory()                               # a loop over t: freed memory kept (appendix A6)
 def bound_terms(self: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1 << 21):
     "Terms of eq-k-general per example: (prior, first step, KL per t = 2..T as (batch, T-1)), nats."
     x0 = self.check_data(x0)
@@ -197,6 +200,7 @@ def _reverse_step(d: Diffusion, reverse, x, t: int, tilt, generator):
     params = d.kernel(x, ts) if t == 1 else d.check_reverse(reverse(x, ts), x)
     return _draw(d, tilt(params, t - 1), generator)                # $x_{t-1} \sim p$
 
+@kept_memory()                               # a chain of T steps: freed memory kept (appendix A6)
 def _ancestral(d: Diffusion, reverse, like, generator, return_trajectory, tilt=None):
     "$x_T$, then $x_{t-1}$ for t = T..1 (eq-reverse-trajectory); `tilt(params, t)` may reweight."
     tilt = tilt or (lambda params, t: params)

@@ -2,9 +2,9 @@
 
 # %% auto #0
 __all__ = ['FLOAT32_TINY', 'LN2', 'GAUSS_L_NULL_BITS', 'LOG_2PI', 'check_betas', 'DeferredChecks', 'deferred_checks', 'fail_if',
-           'check_data', 'check_steps', 'per_step', 'sum_data_dims', 'binomial_schedule', 'GaussianSchedule',
-           'Diffusion', 'check_output_device', 'nats_to_bits', 'bits_per_dim', 'GaussianDiffusion', 'to_basis',
-           'from_basis', 'bernoulli_log_prob', 'BinomialDiffusion']
+           'value_range', 'not_finite', 'check_data', 'check_steps', 'per_step', 'sum_data_dims', 'binomial_schedule',
+           'GaussianSchedule', 'Diffusion', 'check_output_device', 'nats_to_bits', 'bits_per_dim', 'GaussianDiffusion',
+           'to_basis', 'from_basis', 'bernoulli_log_prob', 'BinomialDiffusion']
 
 # %% ../nbs/01_diffusion.ipynb #9dd9ae90
 import math
@@ -75,6 +75,16 @@ def fail_if(failed: torch.Tensor, message):
     if _deferred: _deferred[-1].pending.append((failed, message))
     elif bool(failed): raise ValueError(message())
 
+def value_range(x: torch.Tensor):
+    "(least, greatest) element of x as 0-d tensors; NaN in x makes both NaN. One pass, no mask."
+    if x.numel() == 0: return x.new_zeros(()), x.new_zeros(())
+    return torch.aminmax(x.detach())
+
+def not_finite(*xs) -> torch.Tensor:
+    "0-d flag: does any x hold NaN or inf? Each x a tensor or its `value_range`, read at its ends."
+    ends = [end for x in xs for end in (x if isinstance(x, tuple) else value_range(x))]
+    return ~torch.isfinite(torch.stack([e.to(ends[0].device) for e in ends])).all()
+
 
 # %% ../nbs/01_diffusion.ipynb #2960d877
 def check_data(x, name='x0') -> torch.Tensor:
@@ -86,7 +96,7 @@ def check_data(x, name='x0') -> torch.Tensor:
                          f"got {tuple(x.shape)}")
     if not x.is_floating_point():
         raise TypeError(f"{name} must be a floating tensor, got {x.dtype}")
-    fail_if(~torch.isfinite(x).all(), lambda: f"{name} contains NaN or inf")
+    fail_if(not_finite(x), lambda: f"{name} contains NaN or inf")
     return x
 
 def check_steps(t, T, batch, lowest=1) -> torch.Tensor:
@@ -416,9 +426,9 @@ def check_reverse(self: GaussianDiffusion, out, xt):
     if mean.shape != xt.shape or var.shape != xt.shape:
         raise ValueError(f"reverse model returned mean {tuple(mean.shape)} and var "
                          f"{tuple(var.shape)}; expected {tuple(xt.shape)}")
-    fail_if(~(torch.isfinite(mean).all() & torch.isfinite(var).all()),
-            lambda: "reverse model returned NaN or inf")
-    fail_if((var <= 0).any(), lambda: "reverse model returned a non-positive variance")
+    var_range = value_range(var)
+    fail_if(not_finite(mean, var_range), lambda: "reverse model returned NaN or inf")
+    fail_if(var_range[0] <= 0, lambda: "reverse model returned a non-positive variance")
     return (mean, var, *out[2:])
 
 def _check_basis(basis, xt):
@@ -524,7 +534,8 @@ def check_reverse(self: BinomialDiffusion, prob, xt):
     if prob.shape != xt.shape:
         raise ValueError(f"reverse model returned shape {tuple(prob.shape)}; "
                          f"expected {tuple(xt.shape)}")
-    fail_if(~torch.isfinite(prob).all(), lambda: "reverse model returned NaN or inf")
-    fail_if(((prob < 0) | (prob > 1)).any(),
+    least, greatest = value_range(prob)
+    fail_if(not_finite((least, greatest)), lambda: "reverse model returned NaN or inf")
+    fail_if((least < 0) | (greatest > 1),
             lambda: "reverse model returned probabilities outside [0, 1]")
     return prob

@@ -19,6 +19,7 @@ from .settings import DpmError, ConfigError, check_config, key_from_default, sho
 from .files import out_lock, remove_leftovers, write_json, assets_dir, open_regular, atomic_write
 from .checkpoints import FORMAT, CheckpointError, atomic_save, signature, checksum
 from .devices import world, pick_device
+from .cpu_memory import kept_memory
 from .training import (TRAIN_KEYS, TRAIN_DEFAULTS, COMMON_KEYS, TrainConfig, Model, train,
                           check_compatible, load_checkpoint)
 
@@ -205,8 +206,9 @@ def run(exp: Experiment, out_dir, overrides: dict = None, seed: int = 0, device=
         _check_init_data(init, init_data, data := data_records(exp, cfg, seed))
         for r in data: say(f"data: {describe_data(r)}")
         tc = TrainConfig.from_dict(cfg)
-        info = train(d, reverse, train_x, held_x if watch is None else watch, tc,
-                     out / 'checkpoint.pt', device, progress, full_config=cfg, init=init)
+        with kept_memory():                    # the loop's steps reuse freed memory (A6)
+            info = train(d, reverse, train_x, held_x if watch is None else watch, tc,
+                         out / 'checkpoint.pt', device, progress, full_config=cfg, init=init)
         info.update(peak_memory_mb=peak_memory_mb(device), data=data,
                     steps_per_second=info['steps'] / max(info['train_seconds'], 1e-9))
         if rank == 0:

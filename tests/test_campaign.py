@@ -172,3 +172,28 @@ def test_committed_weights_unpack_to_the_recorded_model(name, tmp_path):
     d, rev, info, cfg = load_model(get_experiment(f'{name}_gpu'), tmp_path / 'model.pt')
     record = json.loads((ROOT / 'results' / f'{name}_gpu' / 'training.json').read_text())
     assert info['steps'] == record['steps'] and info.get('restarts', []) == record.get('restarts', [])
+
+
+def test_curve_rule_stops_when_parzen_has_stopped_rising(tmp_path):
+    "bench/curve_rule.py: eq-mnist-stop over a run's folder and new points; the verdict in a record."
+    def record(path, steps, bits, schedule=1_000_000, **training):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(dict(config=dict(steps=schedule), numbers=dict(parzen_bits=bits),
+                                        training=dict(steps=steps, **training))))
+    run = tmp_path / 'results' / 'mnist_gpu'
+    record(run / 'curve' / 'step_100.json', 100, 300.0, schedule=150)       # an earlier schedule
+    for k, b in [(200, 270.0), (300, 276.0)]: record(run / 'curve' / f'step_{k}.json', k, b)
+    record(run / 'record.json', 400, 279.0)
+    new = tmp_path / 'work'
+    record(new / 'a' / 'record.json', 500, 278.5)
+    r = sh('bench/curve_rule.py', str(run), str(new / 'a'), check=False)
+    assert r.returncode == 1 and r.stdout.startswith('go on'), r.stdout + r.stderr   # one below
+    record(new / 'b' / 'record.json', 600, 279.0, stopped_early=True)
+    r = sh('bench/curve_rule.py', str(run), str(new / 'a'), str(new / 'b'),
+           '--write', str(new / 'b' / 'record.json'), check=False)
+    assert r.returncode == 0 and 'stop: the Parzen estimate has not risen' in r.stdout, r.stdout
+    stop = json.loads((new / 'b' / 'record.json').read_text())['stop']
+    assert stop['stopped'] and '279.0 bits at step 400' in stop['reason']
+    assert [p[0] for p in stop['points']] == [100, 200, 300, 400, 500, 600]
+    (new / 'bad.json').write_text('{')
+    one_line(sh('bench/curve_rule.py', str(new / 'bad.json'), check=False), 'not a JSON record')

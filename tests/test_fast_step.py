@@ -93,15 +93,15 @@ def test_linear_gaussian_reverse_per_row_equals_distinct_steps(monkeypatch):
 
 def test_cuda_graph_is_refused_where_it_cannot_be_captured():
     "One line each: no CUDA device, several processes, RMSprop, a compiled network."
-    from dpm.training import _check_graphable
+    from dpm.devices import check_graphable
     cuda = torch.device('cuda')
     for cfg, device, n_proc, words in [
             (TrainConfig(cuda_graph=True), torch.device('cpu'), 1, 'needs a CUDA device'),
             (TrainConfig(cuda_graph=True), cuda, 2, 'single process'),
             (TrainConfig(cuda_graph=True, optimizer='rmsprop'), cuda, 1, "optimizer='adam'"),
             (TrainConfig(cuda_graph=True, compile=True), cuda, 1, 'compiled network')]:
-        with pytest.raises(ConfigError, match=words): _check_graphable(cfg, device, n_proc)
-    _check_graphable(TrainConfig(cuda_graph=True), cuda, 1)               # this one can be
+        with pytest.raises(ConfigError, match=words): check_graphable(cfg, device, n_proc)
+    check_graphable(TrainConfig(cuda_graph=True), cuda, 1)               # this one can be
     if not CUDA:
         d = GaussianDiffusion(GaussianSchedule(10))
         rev = ImageReverse(d, (1, 8, 8), pathway='dense', dense_hidden=8, hidden_1x1=4, n_bumps=2)
