@@ -95,7 +95,7 @@ keep_point() {                # $1: a record.json -> $2/curve/step_<its steps>.j
 
 install() {                   # OUT -> results/: complete runs only (model and evaluation)
   log "install into results/"
-  local tmp; tmp=$(mktemp -d); tar xzf "$OUT/records.tgz" -C "$tmp" || return 1
+  local tmp bad=0; tmp=$(mktemp -d); tar xzf "$OUT/records.tgz" -C "$tmp" || return 1
   local shards="$tmp/shards"; mkdir -p "$shards"
   for b in "$OUT"/paper/bundle_*.tar; do [ -f "$b" ] && tar xf "$b" -C "$shards"; done
   cp "$OUT"/paper/*.bf16.*.pt "$shards/" 2> /dev/null                   # shards not bundled
@@ -103,6 +103,15 @@ install() {                   # OUT -> results/: complete runs only (model and e
     local n; n=$(basename "$d")
     if [ ! -f "$d/record.json" ] || ! ls "$shards/$n".bf16.*.pt > /dev/null 2>&1; then
       log "install: $n has no new weights or no record (evaluation cut?): left out"; continue
+    fi
+    # verify before replacing: the whole pack (every shard, its sha256, a model of $n; its state
+    # pack too) and the record, or nothing of $n is touched and the install fails
+    if ! python bench/weights.py check --experiment "$n" "$shards/$n".bf16.*.pt \
+        || { ls "$shards/$n".state.bf16.*.pt > /dev/null 2>&1 && ! python bench/weights.py check \
+             --state --experiment "$n" "$shards/$n".state.bf16.*.pt; } \
+        || ! python bench/weights.py summary "$d/training.json" > /dev/null; then
+      log "install: $n: its new pack or record is refused (above): results/$n left as it was"
+      bad=1; continue
     fi
     keep_point "results/$n/record.json" "results/$n"
     mkdir -p "results/$n/weights"; rm -f "results/$n/weights/$n".bf16.*.pt
@@ -119,6 +128,7 @@ install() {                   # OUT -> results/: complete runs only (model and e
   [ -f "$tmp/bench_images.json" ] && cp "$tmp/bench_images.json" results/bench_images.json
   [ -f "$tmp/throughput.json" ] && cp "$tmp/throughput.json" results/gpu_throughput.json
   rm -rf "$tmp"
+  return $bad
 }
 
 if [ "${INSTALL_ONLY:-0}" = 1 ]; then install; exit; fi
@@ -173,14 +183,14 @@ paper_train() {               # $1: mnist, dead_leaves, ...; $2: minutes of trai
   [ -z "${NO_STATE:-}" ] && state=$(ls "$WEIGHTS/$n/weights/$n".state.bf16.*.pt \
                                         "$WEIGHTS/$n".state.bf16.*.pt 2> /dev/null)
   if [ ! -f "$dir/checkpoint.pt" ] && [ -n "$state" ]; then
-    python bench/weights.py resume "$dir/checkpoint.pt" $state \
-      || echo "the state pack of $n cannot be read: a warm restart from its model instead"
+    python bench/weights.py resume --experiment "$n" "$dir/checkpoint.pt" $state \
+      || echo "the state pack of $n cannot be used (above): a warm restart from its model instead"
   fi
   if [ -f "$dir/checkpoint.pt" ]; then echo "resuming from $dir/checkpoint.pt"
   else
     shards=$(ls "$WEIGHTS/$n/weights/$n".bf16.*.pt "$WEIGHTS/$n".bf16.*.pt 2> /dev/null)
     if [ -z "$shards" ]; then echo "no weights of $n in $WEIGHTS: a fresh start"
-    elif python bench/weights.py unpack "$W/init/$n/model.pt" $shards; then
+    elif python bench/weights.py unpack --experiment "$n" "$W/init/$n/model.pt" $shards; then
       init=(--init "$W/init/$n/model.pt")
     else echo "the weights of $n in $WEIGHTS cannot be unpacked: a fresh start"; fi
   fi
@@ -192,7 +202,8 @@ paper_train() {               # $1: mnist, dead_leaves, ...; $2: minutes of trai
   }
   train "$1" "$2" "${init[@]}" 2> "$W/paper_$1.err"; rc=$?; cat "$W/paper_$1.err"
   if [ $rc != 0 ] && [ -n "$state" ] && [ ${#init[@]} = 0 ] && grep -q -e 'another configuration' \
-      -e 'does not fit' "$W/paper_$1.err"; then
+      -e 'does not fit' -e 'different model' -e 'other types' -e 'other training data' \
+      "$W/paper_$1.err"; then
     echo "the state pack of $n does not fit this configuration: a warm restart from its model"
     rm -f "$dir/checkpoint.pt"; NO_STATE=1 paper_train "$1" "$2"; return
   fi

@@ -12,9 +12,13 @@ records) and runs it on one thread, so that two workers share a 2-core machine:
         python bench/successors_factorial.py --worker & done
     ... --data mnist                           # this worker only MNIST's jobs
     touch results/successors/study/.stop       # every worker stops after its current job
-    ... --list                                 # the jobs, and which are done
+    ... --list                                 # the jobs: which are done, which locked by whom
     ... --floors                               # the real data's and the Gaussian's sample measures
     DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
+
+A lock names its worker ('pid N on HOST'); a worker that finds a lock whose process is gone on
+this host (killed) takes the job over and says so; the jobs it leaves to running workers it names
+when it ends.
 """
 import argparse, os, sys, time
 from pathlib import Path
@@ -22,6 +26,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / 'bench'))
 from dpm.factorial import (STUDY_BUDGET, run_cell, sample_floors, write_record, study_dir)
 
 SEEDS = (0, 1, 2, 3, 4)
@@ -44,11 +49,7 @@ def jobs(seeds):
             for seed in (seeds[:JUMP_SEEDS] if schedule == 'jump' else seeds) for cell in cells]
 
 
-def claim(lock: Path) -> bool:
-    "Create the lock file, or False if another worker has it."
-    try: os.close(os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY))
-    except FileExistsError: return False
-    return True
+from campaign_locks import claim, lock_state   # locks that name their worker
 
 
 def main(argv=None):
@@ -69,13 +70,18 @@ def main(argv=None):
     todo = [job for job in jobs(a.seeds) if job[0] in a.data]
     if a.list or not a.worker:
         for data, cell, schedule, seed, _ in todo:
-            done = (out / f'{data}-{cell}-{schedule}-seed{seed}.json').exists()
-            print(f"{'done' if done else '    '} {data} {cell} {schedule} seed {seed}")
+            name = f'{data}-{cell}-{schedule}-seed{seed}'
+            done = (out / f'{name}.json').exists()
+            print(f"{'done' if done else '    '} {data} {cell} {schedule} seed {seed}"
+                  + ('' if done else f"  {lock_state(out / f'.{name}.lock')}").rstrip())
         return
+    skipped = []
     for data, cell, schedule, seed, fixes in todo:
         name = f'{data}-{cell}-{schedule}-seed{seed}'
         if (out / '.stop').exists(): break                 # stop between jobs when asked
-        if (out / f'{name}.json').exists() or not claim(out / f'.{name}.lock'): continue
+        if (out / f'{name}.json').exists(): continue
+        if not claim(out / f'.{name}.lock'):
+            skipped.append(f"{name} ({lock_state(out / f'.{name}.lock')})"); continue
         t0 = time.perf_counter()
         try: r = run_cell(data, cell, seed, schedule, out, fixes)
         except Exception as e:                            # the next job still runs
@@ -87,6 +93,7 @@ def main(argv=None):
               f"{r['scores']['as_specified']['K_bits']:.4f} {r['unit']}, samples "
               f"{ {k: round(v, 3) for k, v in s.items() if isinstance(v, float)} }, "
               f"{time.perf_counter() - t0:.0f} s", flush=True)
+    for job in skipped: print(f"skipped {job}", flush=True)
 
 
 if __name__ == '__main__':

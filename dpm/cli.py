@@ -86,7 +86,7 @@ def resolve(exp, overrides: dict) -> dict:
 def _integer(low: int, high: int):
     "An argparse type: an integer in [low, high], else a one-line usage error."
     def parse(text: str) -> int:
-        try: v = int(text)
+        try: v = int(text) if text.isascii() else None    # ASCII digits only: not '٣'
         except ValueError: v = None
         if v is None or not low <= v <= high:
             raise argparse.ArgumentTypeError(f"must be an integer in [{low}, {high}], got "
@@ -183,9 +183,8 @@ def _load(exp, out, device):
     out_dir = check_out_dir(out)                        # fail before the work, not after
     if gone := remove_leftovers(out_dir):
         print(f"removed {len(gone)} temporary file(s) of interrupted writes from {out_dir}")
-    if shipped != path:
-        print(f"dpm: {path} not found; using the model shipped with dpm ({shipped})",
-              file=sys.stderr)
+    if shipped != path:                                 # a notice, not an error: standard output
+        print(f"{path} not found; using the model shipped with dpm ({shipped})")
     return load_model(exp, shipped, device=_device(device))
 
 # %% ../nbs/06_cli.ipynb #a3aa74cd
@@ -314,7 +313,10 @@ def _add_list(sub):
     l.set_defaults(func=cmd_list)
 
 def cmd_list(args):
+    if sys.stdout is None:                                   # `dpm list >&-`: nowhere to list to
+        raise OutDirError("standard output is closed: nothing to list the experiments on")
     for name, exp in sorted(experiments().items()): print(f"{name:18s} {exp.description}")
+    sys.stdout.flush()                                       # a failed write: one line, here
 
 # %% ../nbs/06_cli.ipynb #38dd9b5c
 def _add_upgrade(sub):
@@ -362,15 +364,37 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 # %% ../nbs/06_cli.ipynb #480782e1
-def _interrupted(args):
+import re, signal
+
+def _interrupted(args, what: str = 'interrupted'):
     "One line on where an interrupted run can be resumed from."
     ck = Path(args.out) / 'checkpoint.pt' if getattr(args, 'out', None) else None
-    if args.command != 'train' or ck is None: return 'dpm: interrupted'
+    if args.command != 'train' or ck is None: return f'dpm: {what}'
     try: step = load_checkpoint(ck)['step']
     except CheckpointError:
-        return f"dpm: interrupted before the first checkpoint; {ck} does not exist"
-    return (f"dpm: interrupted; {ck} holds step {step}: run the same command again to resume "
+        return f"dpm: {what} before the first checkpoint; {ck} does not exist"
+    return (f"dpm: {what}; {ck} holds step {step}: run the same command again to resume "
             f"from there")
+
+def _ranks() -> tuple:
+    "(rank, number of processes) that torchrun gave this process (its environment)."
+    return int(os.environ.get('RANK', '0')), int(os.environ.get('WORLD_SIZE', '1'))
+
+def _peer_lost(e: BaseException, args):
+    "The one line of a run of several processes whose peer ended (gloo, NCCL); else None."
+    rank, n = _ranks()
+    if n <= 1 or getattr(args, 'command', None) != 'train' or not isinstance(e, RuntimeError) \
+            or not re.search(r'gloo|NCCL|[Cc]onnection|peer|[Tt]imed out', str(e)): return None
+    lost = f'rank {1 - rank}' if n == 2 else 'another rank'
+    return _interrupted(args, f'{lost} of the {n} processes was lost (its connection closed)')
+
+def _stopped(args, signum):
+    "The line of a run ended by SIGINT or SIGTERM (under torchrun: another rank may have failed)."
+    rank, n = _ranks()
+    if n > 1 and signum == signal.SIGTERM:
+        return _interrupted(args, f'rank {rank} stopped by SIGTERM (torchrun stops every process '
+                                  f'when one of them ends)')
+    return _interrupted(args)
 
 # %% ../nbs/06_cli.ipynb #e7a1c060
 def user_caused(e: BaseException) -> bool:
@@ -391,21 +415,55 @@ def one_line(e: BaseException) -> str:
     return 'dpm: ' + ' '.join(msg.split())
 
 # %% ../nbs/06_cli.ipynb #ad002c1a
+import signal, threading
+
+_STOP = dict(signal=None, handling=False)   # the first stop signal; True once it is being handled
+
+def _on_stop(signum, frame):
+    "SIGINT and SIGTERM alike: a KeyboardInterrupt in the main thread, repeated until handled."
+    if _STOP['handling']: return                       # the one line is being written: let it
+    if _STOP['signal'] is None:
+        _STOP['signal'] = signum
+        threading.Thread(target=_insist, daemon=True).start()
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+def _insist(every: float = 5.0):
+    "The signal again every few seconds, until handled: an interrupt swallowed on its way counts."
+    while True:
+        time.sleep(every)
+        if _STOP['handling'] or _STOP['signal'] is None: return
+        os.kill(os.getpid(), _STOP['signal'])
+
+def _stop_handlers(on: bool, before: dict = None) -> dict:
+    "Install `_on_stop` for SIGINT and SIGTERM (main thread only); or put `before` back."
+    if threading.current_thread() is not threading.main_thread(): return {}
+    if not on:
+        for s, h in (before or {}).items(): signal.signal(s, h)
+        return {}
+    _STOP.update(signal=None, handling=False)
+    return {s: signal.signal(s, _on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
+
 def main(argv=None):
     "Entry point of the `dpm` console script (and of `python -m dpm`)."
     if argv is None: os.environ.setdefault('MPLBACKEND', 'Agg')   # a shell command draws to files
     args = parser().parse_args(argv)
     if getattr(args, 'small', False): os.environ['DPM_SMALL'] = '1'
+    before = _stop_handlers(True)
     try:
         if getattr(args, 'device', None): _device(args.device)
         args.func(args)
-    except KeyboardInterrupt:
-        print(_interrupted(args), file=sys.stderr); raise SystemExit(130)
+    except KeyboardInterrupt:                                 # Ctrl-C or SIGTERM: exit 128 + N
+        _STOP['handling'] = True
+        print(_stopped(args, _STOP['signal']), file=sys.stderr)
+        raise SystemExit(128 + (_STOP['signal'] or signal.SIGINT))
     except BrokenPipeError:                                   # `dpm list | head`: the reader left
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno()); raise SystemExit(141)
     except Exception as e:
+        _STOP['handling'] = True                              # torchrun's SIGTERM: not a 2nd line
+        if not args.debug and (lost := _peer_lost(e, args)): raise SystemExit(lost) from None
         if args.debug or not user_caused(e): raise            # a bug of ours: its traceback
         raise SystemExit(one_line(e)) from None
+    finally: _STOP['handling'] = True; _stop_handlers(False, before)
 
 if __name__ == '__main__' and getattr(globals().get('__spec__'), 'name', None) == 'dpm.cli':
     main()                                                    # python -m dpm.cli ...

@@ -257,11 +257,13 @@ def model_from(ck: dict, exp: Experiment, path, config: dict = None, device=None
 # %% ../nbs/05b_experiments.ipynb #3097bf03
 def packaged_model(tag: str) -> Path:
     """The model dpm carries for `tag` in dpm/assets/models (setup.py copies it): `<tag>.pt`, or the
-    first shard of the pack `<tag>.bf16.NN.pt` (chapter A3); in a checkout, a pack committed under
+    first shard of the pack `<tag>.bf16.NN.pt` (chapter A3); in a checkout (an editable install
+    copies nothing), the committed model results/models/<tag>.pt or the pack committed under
     results/<tag>/weights. A path that does not exist if there is none."""
-    shipped = assets_dir() / 'models'
+    shipped, results = assets_dir() / 'models', repo_root() / 'results'
     for path in (shipped / f'{tag}.pt', shipped / f'{tag}.bf16.00.pt',
-                 repo_root() / 'results' / tag / 'weights' / f'{tag}.bf16.00.pt'):
+                 results / 'models' / f'{tag}.pt',
+                 results / tag / 'weights' / f'{tag}.bf16.00.pt'):
         if path.is_file(): return path
     return shipped / f'{tag}.pt'
 
@@ -300,6 +302,8 @@ def code_text(source: str) -> str:
     return ast.dump(tree)
 
 # %% ../nbs/05b_experiments.ipynb #fe500014
+import math
+
 def study_key(model: torch.nn.Module, data: torch.Tensor, config: dict, seed: int,
               modules: tuple) -> str:
     "sha256 of what a study depends on: weights, data, settings, seed, the modules' code, PyTorch."
@@ -318,15 +322,39 @@ def read_study(record, key: str) -> Optional[dict]:
     try:
         with open_regular(record, 'study record', 1 << 26) as f:
             r = torch.load(f, weights_only=True)
-    except Exception as e:                               # damaged: run the study, write it anew
-        print(f"not reading {record}: {str(e)[:100]}", file=sys.stderr)
+        why = _unusable_study(r)
+    except Exception:                                    # damaged: run the study, write it anew
+        why = 'damaged or not a study record'
+    if why:                                              # said in one line, then computed anew
+        print(f"not reading {record}: {why}; computing it anew", file=sys.stderr)
         return None
-    return r if isinstance(r, dict) and r.get('key') == key else None
+    return r if r['key'] == key else None
+
+def _numbers(v) -> list:
+    "The floats of a study (tensors' too), at any depth."
+    if isinstance(v, dict): return [x for w in v.values() for x in _numbers(w)]
+    if isinstance(v, (list, tuple)): return [x for w in v for x in _numbers(w)]
+    if isinstance(v, torch.Tensor) and v.is_floating_point(): return v.double().flatten().tolist()
+    return [v] if type(v) is float else []
+
+def _unusable_study(r) -> str:
+    "'' for a study record that holds what a reader takes from it, else what is wrong."
+    if not isinstance(r, dict): return 'not a study record'
+    if not isinstance(r.get('key'), str): return 'it has no key'
+    if not (isinstance(r.get('machine'), dict) and all(isinstance(k, str) for k in r['machine'])):
+        return "its 'machine' is not a record of where it ran"
+    if not isinstance(r.get('sha256'), str): return 'it carries no checksum (sha256)'
+    if checksum({k: v for k, v in r.items() if k != 'sha256'}) != r['sha256']:
+        return 'its content does not match its sha256 (edited or damaged)'
+    numbers = _numbers({k: v for k, v in r.items() if k not in ('key', 'machine', 'sha256')})
+    if numbers and not any(math.isfinite(x) for x in numbers): return 'every number in it is NaN'
+    return ''
 
 def write_study(record, key: str, study: dict):
-    "Keep `study` (tensors and plain values) in `record` under `key`, with where it ran; atomic."
+    "Keep `study` (tensors, plain values) in `record` under `key`, where it ran, its checksum."
     where = json.loads(json.dumps(machine()))          # plain strings (torch's version is a class)
-    atomic_write(record, lambda f: torch.save({**study, 'key': key, 'machine': where}, f))
+    body = {**study, 'key': key, 'machine': where}
+    atomic_write(record, lambda f: torch.save({**body, 'sha256': checksum(body)}, f))
 
 # %% ../nbs/05b_experiments.ipynb #fe500007
 def _imports(module: str) -> set:
@@ -361,7 +389,7 @@ def recorded_study(record, key: str, run: Callable) -> tuple:
     """(study, where): the dict kept in `record` under `key`, else `run()`'s, then written to
     `record` (if any); `where` is the machine it ran on and whether it was read."""
     if (r := read_study(record, key)) is not None:
-        r.pop('key'); return r, dict(r.pop('machine'), read=True)
+        r.pop('key'); r.pop('sha256'); return r, dict(r.pop('machine'), read=True)
     study = run()
     if record is not None: write_study(record, key, study)
     return study, dict(machine(), read=False)

@@ -51,8 +51,11 @@ def _os_error(e: BaseException) -> Optional[OSError]:
 def atomic_write(path, write: Callable, mode: str = 'wb'):
     "write(f) to a temporary file beside `path`, fsync, os.replace: on failure the old file stays."
     path = Path(path); path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'{path.name}.{os.getpid()}.',
-                               suffix='.dpm.tmp')
+    try: fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f'{path.name}.{os.getpid()}.',
+                                    suffix='.dpm.tmp')
+    except OSError as e:                              # a read-only folder: name it, not a temp name
+        raise type(e)(e.errno, f"{e.strerror}: cannot write a file in {path.parent} (nothing "
+                      f"replaced: any previous {path.name} is intact)", str(path)) from None
     try:
         with os.fdopen(fd, mode, **({} if 'b' in mode else {'encoding': 'utf-8'})) as f:
             os.fchmod(f.fileno(), 0o666 & ~_umask())    # mkstemp makes 0600: the usual mode

@@ -2,10 +2,12 @@
 
 # %% auto #0
 __all__ = ['CIFAR_MAX_BYTES', 'BARK_MAX_BYTES', 'BARK_MAX_PIXELS', 'PHOTOS_DEBIAN', 'PHOTO_SHA256', 'PHOTO_FILES', 'PHOTO_SCALES',
-           'read_idx', 'read_cifar_batch', 'read_grey_jpeg', 'resize_photo']
+           'RECORD_SUM', 'FINITE', 'NONEMPTY', 'RECORD_MAX_BYTES', 'STUDY_RECORD', 'STUDY_RESULT', 'read_idx',
+           'read_cifar_batch', 'read_grey_jpeg', 'resize_photo', 'RecordError', 'record_sum', 'signed', 'check_fields',
+           'read_record', 'read_study_record', 'read_floors']
 
 # %% ../nbs/A4_readers.ipynb #fa400003
-import functools, gzip, hashlib, io, math, os, pickle, struct, zlib
+import functools, gzip, hashlib, io, json, math, os, pickle, struct, zlib
 from pathlib import Path
 import numpy as np
 from .settings import DataError, short
@@ -128,7 +130,12 @@ def _encode(u, text, encoding='utf-8'):                # protocol 2 writes bytes
         _refuse(u, 'refusing _codecs.encode other than of latin-1 text')
     return text.encode('latin1')
 
-_SAFE = {('numpy.core.multiarray', '_reconstruct'): _np_reconstruct, ('numpy', 'dtype'): _np_dtype,
+def _bytes(u, *args):                                  # protocol 2 writes b'' as bytes()
+    if args: _refuse(u, 'refusing bytes() with arguments')
+    return b''
+
+_SAFE = {('__builtin__', 'bytes'): _bytes, ('builtins', 'bytes'): _bytes,
+         ('numpy.core.multiarray', '_reconstruct'): _np_reconstruct, ('numpy', 'dtype'): _np_dtype,
          ('numpy.core.multiarray', 'scalar'): _np_scalar, ('_codecs', 'encode'): _encode,
          ('numpy.core.numeric', '_frombuffer'): _np_frombuffer}
 
@@ -185,8 +192,8 @@ def read_cifar_batch(path):
     try: d = _ArrayUnpickler(raw, path).load()
     except DataError: raise
     except Exception as e:                         # truncated, garbage: the unpickler's errors
-        raise DataError(f"{path} is not a readable CIFAR-10 batch ({type(e).__name__}: "
-                        f"{str(e)[:100]})") from None
+        why = 'truncated' if isinstance(e, EOFError) else 'not a pickled batch, or damaged'
+        raise DataError(f"{path} is not a readable CIFAR-10 batch ({why})") from None
     get = lambda k: d.get(k.encode(), d.get(k)) if isinstance(d, dict) else None
     data, labels = get('data'), get('labels')
     if not (isinstance(data, np.ndarray) and data.dtype == np.uint8 and data.ndim == 2
@@ -211,9 +218,13 @@ def read_grey_jpeg(path, max_pixels: int = BARK_MAX_PIXELS) -> np.ndarray:
                                     f"refusing to decode it")
                 return np.asarray(im.convert('L'))
         except DataError: raise
+        except Image.DecompressionBombError:                 # PIL's own cap, before ours
+            raise DataError(f"{path} claims more pixels than {max_pixels:,}; refusing to decode "
+                            f"it") from None
         except Exception as e:                               # corrupt, truncated, not a JPEG
-            raise DataError(f"{path} is not a readable JPEG ({type(e).__name__}: "
-                            f"{str(e)[:100]})") from None
+            why = ('not a JPEG image' if isinstance(e, Image.UnidentifiedImageError)
+                   else 'truncated or damaged')              # no internal exception text
+            raise DataError(f"{path} is not a readable JPEG ({why})") from None
 
 # %% ../nbs/A4_readers.ipynb #11722324
 PHOTOS_DEBIAN = {       # dpm/assets/photos/<name>.png: licence (author); more in photos.md
@@ -295,3 +306,88 @@ def _photo_pyramid(name: str):
     img = _photo(name)
     if img.ndim != 3 or img.shape[2] != 3: raise ValueError(f"dpm: {name} is not an RGB photo")
     return [resize_photo(img, s) for s in PHOTO_SCALES]
+
+# %% ../nbs/A4_readers.ipynb #rec52002
+class RecordError(DataError):
+    "A committed record that is not what its reader needs: no checksum, another content, a field."
+
+RECORD_SUM = 'sha256'                     # the field that holds a record's checksum
+
+def record_sum(rec: dict) -> str:
+    "sha256 of the canonical JSON of a record's fields other than its checksum."
+    body = {k: v for k, v in rec.items() if k != RECORD_SUM}
+    text = json.dumps(body, sort_keys=True, separators=(',', ':'), allow_nan=True)
+    return hashlib.sha256(text.encode()).hexdigest()
+
+def signed(rec: dict) -> dict:
+    "The record as JSON will read it back (tuples as lists, keys as text), with its checksum."
+    plain = json.loads(json.dumps({k: v for k, v in rec.items() if k != RECORD_SUM}))
+    return {**plain, RECORD_SUM: record_sum(plain)}
+
+
+# %% ../nbs/A4_readers.ipynb #rec52004
+FINITE = (lambda v: type(v) in (int, float) and math.isfinite(v), 'a finite number')
+NONEMPTY = (lambda v: isinstance(v, (dict, list)) and len(v) > 0, 'not empty')
+
+def _fits(v, want) -> str:
+    "'' if `v` is what `want` asks for, else what it should be."
+    if isinstance(want, dict):
+        if not isinstance(v, dict): return 'an object'
+        return next((f"{k}: {w}" for k, s in want.items()
+                     if (w := ('missing' if k not in v else _fits(v[k], s)))), '')
+    if isinstance(want, tuple) and len(want) == 2 and callable(want[0]):
+        return '' if want[0](v) else want[1]
+    kinds = want if isinstance(want, tuple) else (want,)
+    if isinstance(v, bool) and bool not in kinds: return ' or '.join(k.__name__ for k in kinds)
+    if float in kinds and type(v) is int: return ''
+    return '' if isinstance(v, kinds) else ' or '.join(k.__name__ for k in kinds)
+
+def check_fields(rec, schema: dict, path) -> dict:
+    "`rec` if every field of `schema` is there and fits; else `RecordError` naming `path`."
+    if not isinstance(rec, dict): raise RecordError(f"{path} is not a record (a JSON object)")
+    for k, want in schema.items():
+        if k not in rec: raise RecordError(f"{path}: the record has no field {k!r}")
+        if why := _fits(rec[k], want):
+            raise RecordError(f"{path}: field {k!r} is not {why}" if ':' not in why
+                              else f"{path}: field {k!r}, {why}")
+    return rec
+
+
+# %% ../nbs/A4_readers.ipynb #rec52005
+RECORD_MAX_BYTES = 1 << 26                # a record: at most 64 MiB
+
+def read_record(path, schema: dict = None) -> dict:
+    "A committed JSON record, its checksum matching, its fields fitting `schema`; else RecordError."
+    try:
+        with open_regular(path, 'record', RECORD_MAX_BYTES, RecordError) as f: raw = f.read()
+        rec = json.loads(raw.decode('utf-8'))
+    except RecordError: raise
+    except FileNotFoundError: raise RecordError(f"{path}: no such record") from None
+    except OSError as e: raise RecordError(f"{path}: cannot read it ({e.strerror})") from None
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise RecordError(f"{path} is not a JSON record (damaged or cut short)") from None
+    if not isinstance(rec, dict): raise RecordError(f"{path} is not a record (a JSON object)")
+    if not isinstance(rec.get(RECORD_SUM), str):
+        raise RecordError(f"{path} carries no checksum ({RECORD_SUM}); check it, then add one "
+                          f"with tools/record_checksums.py")
+    if record_sum(rec) != rec[RECORD_SUM]:
+        raise RecordError(f"{path}: its content does not match its {RECORD_SUM} (edited or "
+                          f"damaged); not using it")
+    return check_fields(rec, schema or {}, path)
+
+
+# %% ../nbs/A4_readers.ipynb #rec52007
+STUDY_RECORD = dict(data=str, cell=str, seed=int, complete=bool, small=bool, schedule=dict)
+STUDY_RESULT = dict(steps=int, curve=NONEMPTY,
+                    samples=(lambda v: isinstance(v, dict) and len(v) > 0, 'a non-empty object'),
+                    scores=dict(as_specified=dict(K_bits=FINITE, examples=NONEMPTY)))
+
+def read_study_record(path) -> dict:
+    "One record of the factorial study: checksum, its fields, and a complete one's results."
+    rec = read_record(path, STUDY_RECORD)
+    return check_fields(rec, STUDY_RESULT, path) if rec['complete'] else rec
+
+def read_floors(path, data_sets) -> dict:
+    "The study's floors (the real data's and a Gaussian's sample measures) for every data set."
+    return read_record(path, {d: dict(real=NONEMPTY, gaussian=NONEMPTY) for d in data_sets})
+

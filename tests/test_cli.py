@@ -10,7 +10,7 @@ ENV = {**os.environ, 'DPM_SMALL': '1', 'MPLBACKEND': 'Agg', 'OMP_NUM_THREADS': '
 
 def dpm(*args, check=True, **kw):
     r = subprocess.run([sys.executable, '-c', 'from dpm.cli import main; main()', *args], capture_output=True, text=True,
-                       cwd=ROOT, env=ENV, **kw)
+                       cwd=ROOT, **{'env': ENV, **kw})
     if check and r.returncode != 0: raise AssertionError(f'dpm {" ".join(args)} failed:\n{r.stdout}\n{r.stderr}')
     return r
 
@@ -47,7 +47,8 @@ def test_clear_errors(tmp_path):
     assert r.returncode != 0 and 'unknown experiment' in r.stderr and 'Traceback' not in r.stderr
     r = dpm('train', 'heartbeat', '--out', str(tmp_path), '--set', 'no_key=1', check=False)
     assert r.returncode != 0 and 'unknown configuration keys' in r.stderr and 'Traceback' not in r.stderr
-    r = dpm('evaluate', 'heartbeat', '--out', str(tmp_path), check=False)
+    no_models = {**ENV, 'DPM_ROOT': str(tmp_path / 'no-checkout')}   # no committed model to fall back on
+    r = dpm('evaluate', 'heartbeat', '--out', str(tmp_path), check=False, env=no_models)
     assert r.returncode != 0 and 'no trained model' in r.stderr
     (tmp_path / 'model.pt').write_bytes(b'\x00' * 100)
     r = dpm('evaluate', 'heartbeat', '--out', str(tmp_path), check=False)

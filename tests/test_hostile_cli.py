@@ -53,7 +53,7 @@ def test_a_refused_cifar_batch_is_one_line_from_the_console_script(tmp_path):
 
 
 @pytest.mark.parametrize('content, words', [
-    (b'', 'not a readable CIFAR-10 batch (EOFError'),
+    (b'', 'not a readable CIFAR-10 batch (truncated)'),
     (np.random.default_rng(7).bytes(3000), 'not a readable CIFAR-10 batch'),   # garbage, seeded
     (None, 'not a readable CIFAR-10 batch'),                     # truncated
     (pickle.dumps([1, 2]), 'expected uint8 data'),

@@ -151,7 +151,8 @@ def test_wheel_carries_the_packaged_models(installed):
 def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
     """`dpm sample` from the installed wheel, outside the checkout, at full scale: the toy models the
     wheel carries are loaded, nothing is trained; a DIR without model.pt (heartbeat here) falls back
-    to the shipped model and says so on stderr, a DIR with one (swiss roll) uses its own silently."""
+    to the shipped model and says so on stdout (a notice: no `dpm:` line), a DIR with one (swiss
+    roll) uses its own silently."""
     wheel, site, env = installed
     dpm_cli = site / 'bin' / 'dpm'
     where = subprocess.run([sys.executable, '-c', 'import dpm, dpm.data; print(dpm.__file__); '
@@ -170,8 +171,8 @@ def test_installed_cli_samples_the_shipped_models(installed, tmp_path):
                            text=True, timeout=300)
         assert r.returncode == 0, f'dpm sample {exp}:\n{r.stdout}\n{r.stderr}'
         assert f'{n} samples' in r.stdout, r.stdout
-        said = f'dpm: {out / "model.pt"} not found; using the model shipped with dpm'
-        assert (said in r.stderr) != own, r.stderr
+        said = f'{out / "model.pt"} not found; using the model shipped with dpm'
+        assert (said in r.stdout) != own and 'dpm:' not in r.stderr, r.stdout + r.stderr   # a notice
         assert (out / 'samples.pt').stat().st_size > 0 and (out / 'samples.png').stat().st_size > 0
         assert not (out / 'checkpoint.pt').exists() and not (out / 'training.json').exists()
         assert (out / 'model.pt').exists() == own                  # the shipped model is not copied
@@ -186,7 +187,7 @@ def test_installed_cli_samples_digits(installed, tmp_path):
                         '--device', 'cpu'], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, f'dpm sample mnist:\n{r.stdout}\n{r.stderr}'
-    assert 'using the model shipped with dpm' in r.stderr, r.stderr
+    assert 'using the model shipped with dpm' in r.stdout, r.stdout
     code = ('from dpm.mnist import MNIST\n'
             'import dpm.training as t\n'
             'd, rev, info, cfg = t.load_model(MNIST, t.packaged_model("mnist"))\n'
@@ -207,7 +208,7 @@ def test_installed_cli_samples_paper_scale_digits(installed, tmp_path):
                         '16', '--device', 'cpu'], cwd=tmp_path, env=env, capture_output=True,
                        text=True, timeout=900)
     assert r.returncode == 0, f'dpm sample mnist_gpu:\n{r.stdout}\n{r.stderr}'
-    assert 'using the model shipped with dpm' in r.stderr and 'mnist_gpu.bf16.00.pt' in r.stderr
+    assert 'using the model shipped with dpm' in r.stdout and 'mnist_gpu.bf16.00.pt' in r.stdout
     code = ('from dpm.experiments import load_model, packaged_model\n'
             'from dpm.cli import get_experiment\n'
             'path = packaged_model("mnist_gpu")\n'
@@ -231,7 +232,7 @@ def test_installed_cli_evaluates_the_shipped_heartbeat(installed, tmp_path):
                         '--device', 'cpu'], cwd=tmp_path, env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0, f'dpm evaluate heartbeat:\n{r.stdout}\n{r.stderr}'
-    assert 'using the model shipped with dpm' in r.stderr, r.stderr
+    assert 'using the model shipped with dpm' in r.stdout, r.stdout
     record = json.loads((out / 'record.json').read_text())
     assert record['experiment'] == 'heartbeat' and math.isfinite(record['numbers']['K_bits'])
     assert all((out / f).stat().st_size > 0 for f in record['figures'])
