@@ -5,7 +5,8 @@ campaign resumes where it stopped.
 
 One campaign, one machine: the jobs are a list in priority order (the swiss roll's cells, the two
 MNIST cells of the U-Net's question, the jump's demonstration, MNIST's third cell, the optional
-MNIST cells); each worker process claims the next job nobody has claimed (a lock file beside the
+MNIST cells; then the -K cells with importance-sampled t, the older swiss-roll cells' samples
+scored again with their coverage, `resample_cell`, and MNIST's -K cells); each worker process claims the next job nobody has claimed (a lock file beside the
 records) and runs it on one thread, so that two workers share a 2-core machine:
 
     for w in 1 2; do OMP_NUM_THREADS=1 nice -n 15 PYTHONPATH=. \\
@@ -22,16 +23,23 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from dpm.factorial import (STUDY_BUDGET, run_cell, sample_floors, write_record, study_dir)
+from dpm.factorial import (STUDY_BUDGET, run_cell, sample_floors, write_record, study_dir,
+                           resample_cell, supplement_path)
 
 SEEDS = (0, 1, 2, 3, 4)
-PLAN = (                     # (data, cells, schedule, fixes), in priority order
+PLAN = (             # (data, cells, schedule, fixes, train or resample), in priority order
     ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple', 'eps-interp-hybrid'),
-     'linear', False),
-    ('mnist', ('eps-tilde-simple', 'unet-eps-tilde-simple'), 'linear', False),
-    ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple'), 'jump', True),
-    ('mnist', ('eps-tilde-K',), 'linear', False),
-    ('mnist', ('ref-learned-K', 'eps-interp-hybrid'), 'linear', False),
+     'linear', False, 'train'),
+    ('mnist', ('eps-tilde-simple', 'unet-eps-tilde-simple'), 'linear', False, 'train'),
+    ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple'), 'jump', True, 'train'),
+    ('mnist', ('eps-tilde-K',), 'linear', False, 'train'),
+    ('mnist', ('ref-learned-K', 'eps-interp-hybrid'), 'linear', False, 'train'),
+    # the samples' coverage (eq-fact-cover) for the older swiss-roll cells that are compared
+    ('swiss_roll', ('eps-tilde-simple', 'eps-interp-hybrid'), 'linear', False, 'resample'),
+    # the -K cells again with t drawn in proportion to the bound's weights (eq-succ-is)
+    ('swiss_roll', ('eps-tilde-K-is', 'ref-learned-K-is'), 'linear', False, 'train'),
+    ('mnist', ('eps-tilde-K-is',), 'linear', False, 'train'),
+    ('mnist', ('ref-learned-K-is',), 'linear', False, 'train'),
 )
 
 
@@ -40,8 +48,13 @@ JUMP_SEEDS = 3                # the jump's demonstration: a demonstration, not a
 
 def jobs(seeds):
     "Every job of PLAN, seeds outermost within a block: a stopped campaign has whole seeds."
-    return [(data, cell, schedule, seed, fixes) for data, cells, schedule, fixes in PLAN
+    return [(data, cell, schedule, seed, fixes, kind) for data, cells, schedule, fixes, kind in PLAN
             for seed in (seeds[:JUMP_SEEDS] if schedule == 'jump' else seeds) for cell in cells]
+
+
+def done(out: Path, name: str, kind: str) -> bool:
+    "A job is done when its record (train) or its record's supplement (resample) exists."
+    return (supplement_path(out, name) if kind == 'resample' else out / f'{name}.json').exists()
 
 
 def claim(lock: Path) -> bool:
@@ -68,19 +81,26 @@ def main(argv=None):
         return
     todo = [job for job in jobs(a.seeds) if job[0] in a.data]
     if a.list or not a.worker:
-        for data, cell, schedule, seed, _ in todo:
-            done = (out / f'{data}-{cell}-{schedule}-seed{seed}.json').exists()
-            print(f"{'done' if done else '    '} {data} {cell} {schedule} seed {seed}")
+        for data, cell, schedule, seed, _, kind in todo:
+            ok = done(out, f'{data}-{cell}-{schedule}-seed{seed}', kind)
+            print(f"{'done' if ok else '    '} {data} {cell} {schedule} seed {seed} {kind}")
         return
-    for data, cell, schedule, seed, fixes in todo:
+    for data, cell, schedule, seed, fixes, kind in todo:
         name = f'{data}-{cell}-{schedule}-seed{seed}'
         if (out / '.stop').exists(): break                 # stop between jobs when asked
-        if (out / f'{name}.json').exists() or not claim(out / f'.{name}.lock'): continue
+        if done(out, name, kind) or not claim(out / f'.{kind}-{name}.lock'): continue
         t0 = time.perf_counter()
-        try: r = run_cell(data, cell, seed, schedule, out, fixes)
+        try:
+            if kind == 'resample':
+                s = resample_cell(data, cell, seed, schedule, out)
+                print(f"{name}: resampled, K {s['K_bits']:.5f} (record {s['K_bits_record']:.5f}, "
+                      f"reproduces {s['reproduces']}), samples {s['samples']}, "
+                      f"{time.perf_counter() - t0:.0f} s", flush=True)
+                continue
+            r = run_cell(data, cell, seed, schedule, out, fixes)
         except Exception as e:                            # the next job still runs
             print(f"{name}: failed with {type(e).__name__}: {e}", flush=True); continue
-        finally: (out / f'.{name}.lock').unlink(missing_ok=True)
+        finally: (out / f'.{kind}-{name}.lock').unlink(missing_ok=True)
         if not r.get('complete'): print(f"{name}: {r.get('failed', 'incomplete')}"); continue
         s = r['samples']
         print(f"{name}: {r['steps']} steps, {r['cpu_seconds']:.0f} CPU s, K "

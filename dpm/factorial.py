@@ -3,10 +3,10 @@
 # %% auto #0
 __all__ = ['DATA_SETS', 'STUDY_T', 'JUMP', 'CELLS', 'TRUNKS', 'STUDY_BUDGET', 'CURVE_POINTS', 'PACKED', 'EFFECT', 'ALPHA',
            'MIN_SEEDS', 'SAMPLE_MEASURE', 'CONFIDENT_SHARE', 'study_schedule', 'schedule_facts', 'time_embedding',
-           'ResBlock', 'SelfAttention', 'UNetTrunk', 'study_setup', 'make_trunk', 'sample_measures', 'sample_floors',
-           'rounded', 'pack_values', 'unpack_values', 'write_record', 'cell_steps', 'run_cell', 'study_dir',
-           'read_records', 'seed_test', 'verdict', 'per_seed', 'curve_at', 'curve_difference', 'draws_the_data',
-           'compare']
+           'ResBlock', 'SelfAttention', 'UNetTrunk', 'study_setup', 'make_trunk', 'sample_measures', 'parzen_bits',
+           'roll_sides', 'sample_floors', 'rounded', 'pack_values', 'unpack_values', 'write_record', 'cell_steps',
+           'run_cell', 'study_dir', 'supplement_path', 'resample_cell', 'read_records', 'seed_test', 'verdict',
+           'per_seed', 'curve_at', 'curve_difference', 'draws_the_data', 'compare']
 
 # %% ../nbs/15b_factorial.ipynb #b8ae4e23
 import math, json, base64, zlib, time
@@ -16,7 +16,7 @@ from torch import nn
 import torch.nn.functional as F
 from fastcore.basics import patch
 from scipy import stats
-from .diffusion import GaussianDiffusion
+from .diffusion import GaussianDiffusion, LN2
 from .reverse import ReverseModel
 from .experiments import experiment_data, machine
 from .config import scaled, small_scale
@@ -47,12 +47,14 @@ def schedule_facts(betas) -> dict:
                 alpha_bar_T=torch.prod(1 - b).item())
 
 # %% ../nbs/15b_factorial.ipynb #9cecd2d2
-CELLS = {           # name: (trunk, kernel, variance, loss)
-    'ref-learned-K': ('book', 'reference', 'learned', 'K'),       # the 2015 model's
-    'eps-tilde-K': ('book', 'eps_skip', 'beta_tilde', 'K'),
-    'eps-tilde-simple': ('book', 'eps_skip', 'beta_tilde', 'simple'),  # DDPM's objective
-    'eps-interp-hybrid': ('book', 'eps_skip', 'interp', 'hybrid'),     # improved DDPM's
-    'unet-eps-tilde-simple': ('unet', 'eps', 'beta_tilde', 'simple'),  # DDPM's trunk too
+CELLS = {           # name: (trunk, kernel, variance, loss, how t is drawn: SAMPLINGS)
+    'ref-learned-K-is': ('book', 'reference', 'learned', 'K', 'weights'),  # the 2015 model's
+    'eps-tilde-K-is': ('book', 'eps_skip', 'beta_tilde', 'K', 'weights'),
+    'eps-tilde-simple': ('book', 'eps_skip', 'beta_tilde', 'simple', 'uniform'),  # DDPM's
+    'eps-interp-hybrid': ('book', 'eps_skip', 'interp', 'hybrid', 'uniform'),  # improved DDPM's
+    'unet-eps-tilde-simple': ('unet', 'eps', 'beta_tilde', 'simple', 'uniform'),  # a small U-Net
+    'ref-learned-K': ('book', 'reference', 'learned', 'K', 'uniform'),     # t uniform: the jump's
+    'eps-tilde-K': ('book', 'eps_skip', 'beta_tilde', 'K', 'uniform'),     # and the first study's
 }
 TRUNKS = dict(
     swiss_roll=dict(book='the swiss roll MLP of chapter 7 (no identity path of its own)'),
@@ -178,20 +180,41 @@ def make_trunk(data: str, trunk: str, d: GaussianDiffusion, cfg: dict) -> Revers
 @torch.no_grad()
 def sample_measures(data: str, cfg: dict, model: SuccessorReverse, heldout, n: int,
                     seed: int = 0) -> dict:
-    "n samples scored: the swiss roll's true log-likelihood (eq-sr-true), MNIST's digit measures."
+    """n samples scored: the swiss roll's true log-likelihood (eq-sr-true) and coverage
+    (eq-fact-cover) of `heldout[n:2n]`, MNIST's digit measures."""
     _check(data)
     d = model.diffusion
     if data == 'swiss_roll':
-        from dpm.swiss_roll import sample_log_likelihood
-        out = sample_log_likelihood(d, model, heldout[:n], cfg['noise'], seed)
-        return dict(true_ll_bits=out['samples_true_ll_bits'],
-                    true_ll_bits_se=out['samples_true_ll_bits_se'], n=n)
+        gen = torch.Generator(d.device).manual_seed(seed)
+        samples = d.sample(model, (n, 2), generator=gen).cpu()
+        if not torch.isfinite(samples).all(): return dict(failed='samples not finite', n=n)
+        return dict(**roll_sides(samples, heldout[n:2 * n], cfg['noise']), n=n)
     from dpm.mnist import mnist_scaler
     from dpm.digit_classifier import digit_reference
     x = d.sample(model, (n, *heldout.shape[1:]), generator=torch.Generator().manual_seed(seed))
     if not torch.isfinite(x).all(): return dict(failed='samples not finite', n=n)
     u = mnist_scaler(cfg['data_root']).inverse(x.double()).clamp(0, 1).reshape(n, -1)
     return digit_reference().score(u)                             # pixel values in [0, 1]
+
+# %% ../nbs/15b_factorial.ipynb #c1993770
+def parzen_bits(points, centres, width: float) -> torch.Tensor:
+    "log2 of a Gaussian Parzen window of `width` on `centres` at each point (eq-fact-cover)."
+    x, c = points.double().flatten(1), centres.double().flatten(1)
+    D = x.shape[1]
+    # $\log\frac1M\sum_j \mathcal N(\mathbf x;\ \mathbf y_j,\ h^2\mathbf I)$, in bits
+    log_k = -torch.cdist(x, c) ** 2 / (2 * width ** 2)
+    return (torch.logsumexp(log_k, 1) - math.log(len(c))
+            - D / 2 * math.log(2 * math.pi * width ** 2)) / LN2
+
+def roll_sides(points, reference, noise: float) -> dict:
+    """Both sides of a set of swiss-roll points, bits per point: their true log-likelihood
+    (eq-sr-true) and the coverage, `reference` real points under a Parzen window on them."""
+    from dpm.swiss_roll import true_log_likelihood, roll_moments
+    true = true_log_likelihood(points.double(), noise) / LN2
+    cover = parzen_bits(reference, points, noise / roll_moments(noise)[1].item())  # h = s
+    se = lambda v: v.std().item() / math.sqrt(len(v))
+    return dict(true_ll_bits=true.mean().item(), true_ll_bits_se=se(true),
+                coverage_bits=cover.mean().item(), coverage_bits_se=se(cover))
 
 # %% ../nbs/15b_factorial.ipynb #73f0eff8
 def sample_floors(data: str, n: int, seed: int = 0) -> dict:
@@ -202,15 +225,12 @@ def sample_floors(data: str, n: int, seed: int = 0) -> dict:
         rows = reference_rows(digit_reference(), n, seed)
         return dict(real=rows['real test digits (floor)'],
                     gaussian=rows['full-covariance Gaussian'])
-    from dpm.swiss_roll import true_log_likelihood
     cfg, _, _, heldout = study_setup(data, seed)
     x = heldout[:n].double()
     chol = torch.linalg.cholesky(torch.cov(x.T))
     z = torch.randn(n, 2, generator=torch.Generator().manual_seed(seed), dtype=torch.float64)
-    ll = {k: true_log_likelihood(v, cfg['noise']) / math.log(2)
-          for k, v in (('real', x), ('gaussian', x.mean(0) + z @ chol.T))}
-    return {k: dict(true_ll_bits=v.mean().item(), true_ll_bits_se=v.std().item() / math.sqrt(n),
-                    n=n) for k, v in ll.items()}
+    return {k: dict(**roll_sides(v, heldout[n:2 * n], cfg['noise']), n=n)
+            for k, v in (('real', x), ('gaussian', x.mean(0) + z @ chol.T))}
 
 # %% ../nbs/15b_factorial.ipynb #adb9e91a
 def rounded(value, digits: int = 6):
@@ -271,9 +291,9 @@ def cell_steps(data: str, cell: str) -> int:
 
 def _record(data: str, cell: str, seed: int, schedule: dict, b: dict, steps: int) -> dict:
     "What a record says of itself: the cell, its forward process, its budget, the machine."
-    trunk, kernel, variance, loss = CELLS[cell]
+    trunk, kernel, variance, loss, sampling = CELLS[cell]
     return dict(data=data, cell=cell, seed=seed, trunk=trunk, trunk_is=TRUNKS[data][trunk],
-                kernel=kernel, variance=variance, loss=loss,
+                kernel=kernel, variance=variance, loss=loss, sampling=sampling,
                 schedule=dict(name=schedule['name'], **schedule_facts(schedule['betas'])),
                 budget=dict(steps=steps, **{k: b[k] for k in ('batch_size', 'lr', 'lr_final',
                                                                'ema')}),
@@ -300,7 +320,8 @@ def run_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear', out=
     at = lambda m: dict(K_bits=_scores(m, heldout[:b['n_curve']], seed + 11, scale,
                                         False)['as_specified']['K_bits'])
     try: r = train_budget(model, CELLS[cell][3], train, steps, b['batch_size'], math.inf,
-                          b['lr'], b['lr_final'], b['ema'], seed, points, at)
+                          b['lr'], b['lr_final'], b['ema'], seed, points, at,
+                          sampling=CELLS[cell][4])
     except FloatingPointError as e: rec.update(failed=str(e), complete=False)  # diverged
     else:
         rec.update({k: r[k] for k in ('steps', 'cpu_seconds', 'cpu_per_step', 'train_seconds',
@@ -318,11 +339,36 @@ def study_dir() -> Path:
     from dpm.experiments import repo_root
     return repo_root() / 'results' / 'successors' / 'study'
 
+def supplement_path(directory, name: str) -> Path:
+    "Where the samples of an older record, scored again by `resample_cell`, are kept."
+    return Path(directory) / 'samples' / f'{name}.json'
+
+def resample_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear', out=None) -> dict:
+    """An older record's samples scored with today's measures: the cell trained again on its seed
+    (one thread), its K checked against the record's, written beside it (`supplement_path`)."""
+    directory = Path(out or study_dir())
+    name = f'{data}-{cell}-{schedule}-seed{seed}'
+    old = json.loads((directory / f'{name}.json').read_text())
+    new = run_cell(data, cell, seed, schedule, None, **{'steps': old['steps'], **old['sizes']})
+    k_old, k_new = (r['scores']['as_specified']['K_bits'] for r in (old, new))
+    sup = dict(data=data, cell=cell, seed=seed, schedule=schedule, K_bits=k_new,
+               K_bits_record=k_old, reproduces=abs(k_new - k_old) <= 1e-5 * max(1, abs(k_old)),
+               samples=new['samples'], cpu_seconds=new.get('cpu_seconds'), machine=machine(),
+               threads=torch.get_num_threads(), started=new['started'])
+    write_record(sup, supplement_path(directory, name))
+    return sup
+
 def read_records(directory=None, schedule: str = 'linear') -> dict:
-    "{data: {cell: [complete records, by seed]}} of one schedule, from a directory of records."
-    out = {}
-    for p in sorted(Path(directory or study_dir()).glob(f'*-{schedule}-seed*.json')):
+    """{data: {cell: [complete records, by seed]}} of one schedule, from a directory of records;
+    a record without the samples' coverage takes it from its supplement if that reproduced K."""
+    out, directory = {}, Path(directory or study_dir())
+    for p in sorted(directory.glob(f'*-{schedule}-seed*.json')):
         r = json.loads(p.read_text())
+        r.setdefault('sampling', 'uniform')                      # records from before SAMPLINGS
+        sup = supplement_path(directory, p.stem)
+        if 'true_ll_bits' in r.get('samples', {}) and 'coverage_bits' not in r['samples'] \
+                and sup.exists() and (s := json.loads(sup.read_text())).get('reproduces'):
+            r['samples'] = {**r['samples'], **s['samples'], 'resampled': True}
         if r.get('complete'): out.setdefault(r['data'], {}).setdefault(r['cell'], []).append(r)
     return {data: {c: sorted(v, key=lambda r: r['seed']) for c, v in cells.items()}
             for data, cells in out.items()}
