@@ -4,8 +4,8 @@
 __all__ = ['MEANS', 'VARIANCES', 'LOSSES', 'HYBRID_LAMBDA', 'SAMPLINGS', 'BANDS', 'SuccessorReverse', 'with_fixes', 'eps_mean',
            'implied_eps', 'skip_eps', 'posterior_variances', 'posterior_variance', 'simple_weights',
            'interpolated_variance', 'successor_loss', 'cosine_schedule', 'predicted_x0', 'clipped_mean',
-           'linear_schedule', 'step_probabilities', 'weighted_steps', 'train_budget', 'band_ranges', 'k_bands',
-           'paired_bands', 'compare_variants', 'rescale_bits']
+           'linear_schedule', 'variance_gain', 'train_budget', 'step_probabilities', 'weighted_steps', 'band_ranges',
+           'k_bands', 'paired_bands', 'compare_variants', 'rescale_bits']
 
 # %% ../nbs/15a_successors.ipynb #f509b78f
 import math, time
@@ -217,25 +217,17 @@ def linear_schedule(T: int, beta_1: float = None, start: float = 1e-4, end: floa
     if beta_1 is not None: betas[0] = beta_1
     return check_betas(betas)
 
-# %% ../nbs/15a_successors.ipynb #bffbf691
-SAMPLINGS = ('uniform', 'weights')
-
-def step_probabilities(d: GaussianDiffusion, sampling: str = 'weights') -> torch.Tensor:
-    "$p_t$ for t = 2..T: uniform, or proportional to $w_t$ at $\\tilde\\beta_t$ (eq-succ-is)."
-    if sampling not in SAMPLINGS:
-        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
-    if sampling == 'uniform': return torch.full((d.T - 1,), 1 / (d.T - 1), dtype=torch.float64)
-    w = simple_weights(d, 'beta_tilde')                            # eq-succ-weights
-    # $p_t = w_t / \sum_s w_s$
-    return w / w.sum()
-
-def weighted_steps(B: int, probs, generator=None) -> torch.Tensor:
-    "Time steps 2..T for a batch, stratified, each drawn with probabilities `probs` (eq-succ-is)."
-    cdf = torch.cumsum(torch.as_tensor(probs, dtype=torch.float64), 0)
-    u = torch.rand((), generator=generator)                       # as stratified_steps draws it
-    # $t_i = 2 + \#\{k: P_k \le (i+u)/B\}$, $P_k$ the cumulative probabilities
-    k = torch.searchsorted(cdf, ((torch.arange(B) + u) / B).double(), right=True)
-    return 2 + k.clamp(max=len(cdf) - 1)
+# %% ../nbs/15a_successors.ipynb #67336bda
+def variance_gain(d: GaussianDiffusion, V: float, t) -> torch.Tensor:
+    "Nats per direction gained over $\\tilde\\beta_t$ at steps t, data locally N(., V) (eq-succ-vgain)."
+    t = torch.as_tensor(t)
+    beta = d.betas[t - 1]                                          # $\beta_t$
+    alpha_bar = d.alphas_bar()[t - 1]                              # $\bar\alpha_{t-1}$
+    V_prev = alpha_bar * V + 1 - alpha_bar                         # $V_{t-1}$ (inf stays inf)
+    # $\sigma_{*t}^2 = (1/V_{t-1} + \alpha_t/\beta_t)^{-1}$, $v = \min(\sigma_{*t}^2, \beta_t)$
+    sigma2 = 1 / (1 / V_prev + (1 - beta) / beta)
+    v, beta_tilde = torch.minimum(sigma2, beta), posterior_variances(d)[t - 1]
+    return 0.5 * (sigma2 / beta_tilde - sigma2 / v - torch.log(v / beta_tilde))
 
 # %% ../nbs/15a_successors.ipynb #618f2e3b
 def _lr(lr: float, lr_final: float, fraction: float) -> float:
@@ -278,6 +270,26 @@ def train_budget(model: SuccessorReverse, loss: str, train_data, steps: int, bat
     return dict(loss=loss, steps=step, batch_size=int(batch_size), train_seconds=wall,
                 seconds_per_step=wall / step, cpu_seconds=cpu, cpu_per_step=cpu / step,
                 seed=seed, lr=lr, ema=ema, sampling=sampling, curve=curve)
+
+# %% ../nbs/15a_successors.ipynb #bffbf691
+SAMPLINGS = ('uniform', 'weights')
+
+def step_probabilities(d: GaussianDiffusion, sampling: str = 'weights') -> torch.Tensor:
+    "$p_t$ for t = 2..T: uniform, or proportional to $w_t$ at $\\tilde\\beta_t$ (eq-succ-is)."
+    if sampling not in SAMPLINGS:
+        raise ValueError(f"sampling must be one of {SAMPLINGS}, got {sampling!r}")
+    if sampling == 'uniform': return torch.full((d.T - 1,), 1 / (d.T - 1), dtype=torch.float64)
+    w = simple_weights(d, 'beta_tilde')                            # eq-succ-weights
+    # $p_t = w_t / \sum_s w_s$
+    return w / w.sum()
+
+def weighted_steps(B: int, probs, generator=None) -> torch.Tensor:
+    "Time steps 2..T for a batch, stratified, each drawn with probabilities `probs` (eq-succ-is)."
+    cdf = torch.cumsum(torch.as_tensor(probs, dtype=torch.float64), 0)
+    u = torch.rand((), generator=generator)                       # as stratified_steps draws it
+    # $t_i = 2 + \#\{k: P_k \le (i+u)/B\}$, $P_k$ the cumulative probabilities
+    k = torch.searchsorted(cdf, ((torch.arange(B) + u) / B).double(), right=True)
+    return 2 + k.clamp(max=len(cdf) - 1)
 
 # %% ../nbs/15a_successors.ipynb #5d698c39
 BANDS = ('t = 2', 'small t', 'middle', 't = T')
