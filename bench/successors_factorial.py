@@ -17,7 +17,7 @@ records) and runs it on one thread, so that two workers share a 2-core machine:
     ... --floors                               # the real data's and the Gaussian's sample measures
     DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
 """
-import argparse, os, sys, time
+import argparse, json, os, sys, time
 from pathlib import Path
 import torch
 
@@ -34,10 +34,10 @@ PLAN = (             # (data, cells, schedule, fixes, train or resample), in pri
     ('swiss_roll', ('ref-learned-K', 'eps-tilde-K', 'eps-tilde-simple'), 'jump', True, 'train'),
     ('mnist', ('eps-tilde-K',), 'linear', False, 'train'),
     ('mnist', ('ref-learned-K', 'eps-interp-hybrid'), 'linear', False, 'train'),
-    # the samples' coverage (eq-fact-cover) for the older swiss-roll cells that are compared
-    ('swiss_roll', ('eps-tilde-simple', 'eps-interp-hybrid'), 'linear', False, 'resample'),
     # the -K cells again with t drawn in proportion to the bound's weights (eq-succ-is)
     ('swiss_roll', ('eps-tilde-K-is', 'ref-learned-K-is'), 'linear', False, 'train'),
+    # the samples' coverage (eq-fact-cover) for the older swiss-roll cells that are compared
+    ('swiss_roll', ('eps-tilde-simple', 'eps-interp-hybrid'), 'linear', False, 'resample'),
     ('mnist', ('eps-tilde-K-is',), 'linear', False, 'train'),
     ('mnist', ('ref-learned-K-is',), 'linear', False, 'train'),
 )
@@ -76,8 +76,10 @@ def main(argv=None):
     out = Path(a.out); out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(1)
     if a.floors:
-        write_record({data: sample_floors(data, STUDY_BUDGET[data]['n_samples'])
-                      for data in STUDY_BUDGET}, out / 'floors.json')
+        path = out / 'floors.json'                # the data sets not asked for are kept
+        have = json.loads(path.read_text()) if path.exists() else {}
+        write_record({**have, **{data: sample_floors(data, STUDY_BUDGET[data]['n_samples'])
+                                 for data in a.data}}, path)
         return
     todo = [job for job in jobs(a.seeds) if job[0] in a.data]
     if a.list or not a.worker:
