@@ -24,7 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from dpm.factorial import (STUDY_BUDGET, run_cell, sample_floors, write_record, study_dir,
-                           resample_cell, supplement_path)
+                           resample_cell, supplement_path, JUMP_SEEDS)
 
 SEEDS = (0, 1, 2, 3, 4)
 PLAN = (             # (data, cells, schedule, fixes, train or resample), in priority order
@@ -41,9 +41,6 @@ PLAN = (             # (data, cells, schedule, fixes, train or resample), in pri
     ('mnist', ('eps-tilde-K-is',), 'linear', False, 'train'),
     ('mnist', ('ref-learned-K-is',), 'linear', False, 'train'),
 )
-
-
-JUMP_SEEDS = 3                # the jump's demonstration: a demonstration, not a verdict
 
 
 def jobs(seeds):
