@@ -72,7 +72,7 @@ def _check(data: str, cell: str = None):
 # %% ../nbs/15b_factorial.ipynb #f15b0102
 def time_embedding(t, dim: int):
     """Sinusoidal features of the step t, (B, dim), at DDPM's geometric frequencies 1 .. 1e-4 per
-    step; `dpm.reverse.time_features` is the book's octave form of t/T (the records used this)."""
+    step: the U-Net's embedding of t (the book's trunks use `dpm.reverse.time_features`)."""
     half = dim // 2
     freqs = torch.exp(-math.log(10_000) * torch.arange(half, device=t.device) / half)
     angles = t.float()[:, None] * freqs[None]
@@ -539,7 +539,9 @@ def compare(data: str, recs_a: list, recs_b: list, floors: dict) -> dict:
             out.update(equal_steps=es, equal_steps_verdict=verdict(es, EFFECT[data]))
     m = SAMPLE_MEASURE[data]
     drawn = [draws_the_data(data, r, floors) for r in (recs_a, recs_b)]
-    out['draw'] = drawn
+    out['draw'] = drawn                  # and whether every seed has every side of the measure
+    out['measured'] = [all(k in r['samples'] for r in v for k in m['keys'])
+                       for v in (recs_a, recs_b)]
     if all(drawn):
         of_b = {r['seed']: r['samples'] for r in recs_b}
         out['samples'], words = {}, []
