@@ -3,19 +3,23 @@
 data set, cell, schedule and seed, written atomically; a record that exists is skipped, so the
 campaign resumes where it stopped.
 
-One campaign, one machine: the jobs are a list in priority order (the swiss roll's cells, the two
-MNIST cells of the U-Net's question, the jump's demonstration, MNIST's third cell, the optional
-MNIST cells; then the -K cells with importance-sampled t, the older swiss-roll cells' samples
-scored again with their coverage, `resample_cell`, and MNIST's -K cells); each worker process claims the next job nobody has claimed (a lock file beside the
-records) and runs it on one thread, so that two workers share a 2-core machine:
+The jobs are a list in priority order: the first campaign (the swiss roll's cells, the two MNIST
+cells of the U-Net's question, the jump's demonstration, MNIST's other cells, t uniform for -K);
+then the -K cells with t drawn by the bound's weights (`-is`, eq-succ-is) on the swiss roll; the
+older swiss-roll cells trained again to score their samples' coverage (`resample_cell`, written
+to samples/ beside the records after checking that K reproduces); MNIST's `-is` cells. Each
+worker process claims the next job nobody has claimed (a lock file beside the records) and runs
+it on one thread; a cell's seeds should all run on one processor (`check_study`):
 
-    for w in 1 2; do OMP_NUM_THREADS=1 nice -n 15 PYTHONPATH=. \\
-        python bench/successors_factorial.py --worker & done
+    OMP_NUM_THREADS=1 nice -n 15 PYTHONPATH=. python bench/successors_factorial.py --worker &
     ... --data mnist                           # this worker only MNIST's jobs
     touch results/successors/study/.stop       # every worker stops after its current job
     ... --list                                 # the jobs, and which are done
-    ... --floors                               # the real data's and the Gaussian's sample measures
+    ... --floors --data swiss_roll             # the real data's and the Gaussian's sample measures
     DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
+
+To resume after a stop: remove `.stop` and start the worker again; records and supplements that
+exist are skipped, and a job that was running when it stopped starts from its beginning.
 """
 import argparse, json, os, sys, time
 from pathlib import Path
