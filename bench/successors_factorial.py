@@ -19,7 +19,9 @@ it on one thread; a cell's seeds should all run on one processor (`check_study`)
     DPM_SMALL=1 ... --out /tmp/s --seeds 0     # a tiny campaign (a smoke test)
 
 To resume after a stop: remove `.stop` and start the worker again; records and supplements that
-exist are skipped, and a job that was running when it stopped starts from its beginning.
+exist are skipped, and a job that was running when it stopped starts from its beginning. Records
+of a cell that has not all its seeds yet wait in pending/ (read by nothing, so the chapter and
+`check_study` see whole cells only): move them back up before resuming.
 """
 import argparse, json, os, sys, time
 from pathlib import Path
