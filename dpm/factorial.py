@@ -517,7 +517,8 @@ def per_seed_steps(recs_a: list, recs_b: list, lo: int, hi: int = None) -> dict:
         if (rb := of_b.get(ra['seed'])) is None: continue
         _same_examples(ra, rb)
         kl_a, kl_b = (unpack_values(r['scores']['as_specified']['kl_t_bits']) for r in (ra, rb))
-        out[ra['seed']] = (kl_b[lo - 2:hi and hi - 1].sum() - kl_a[lo - 2:hi and hi - 1].sum()).item()
+        steps = slice(lo - 2, hi and hi - 1)                    # column t - 2 holds step t
+        out[ra['seed']] = (kl_b[steps].sum() - kl_a[steps].sum()).item()
     return out
 
 def compare(data: str, recs_a: list, recs_b: list, floors: dict) -> dict:

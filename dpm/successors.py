@@ -219,7 +219,7 @@ def linear_schedule(T: int, beta_1: float = None, start: float = 1e-4, end: floa
 
 # %% ../nbs/15a_successors.ipynb #67336bda
 def variance_gain(d: GaussianDiffusion, V: float, t) -> torch.Tensor:
-    "Nats per direction gained over $\\tilde\\beta_t$ at steps t, data locally N(., V) (eq-succ-vgain)."
+    "Nats per direction that the best variance gains over $\\tilde\\beta_t$ (eq-succ-vgain)."
     t = torch.as_tensor(t)
     beta = d.betas[t - 1]                                          # $\beta_t$
     alpha_bar = d.alphas_bar()[t - 1]                              # $\bar\alpha_{t-1}$
