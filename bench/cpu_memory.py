@@ -5,7 +5,8 @@
 temporary git worktree); "after" is this checkout. For every experiment, each phase runs in a fresh
 process of each tree, alternately, at full scale (DPM_SMALL=0) with --threads threads:
 
-  train    `dpm.experiments.run` for a few steps: steps/s (the loop's own clock)
+  train    `dpm.training.train` for a few steps, as `dpm.experiments.run` calls it (inside
+           `kept_memory()` where the tree has it), its setting-up not counted: steps/s
   sample   `d.sample` of n examples through all T steps: samples/s
   evaluate `evaluate_bound` (K at every t) on n held-out examples: seconds
 
@@ -34,11 +35,11 @@ SIZES = {
 }
 
 CHILD = r"""
-import json, resource, sys, tempfile, time, torch
+import contextlib, json, resource, sys, time, torch
 import dpm
 from dpm.cli import get_experiment
-from dpm.experiments import build, experiment_data, run
-from dpm.training import evaluate_bound
+from dpm.experiments import build, experiment_data
+from dpm.training import evaluate_bound, train, TrainConfig
 name, phase, size = sys.argv[1], sys.argv[2], int(sys.argv[3])
 exp = get_experiment(name)
 
@@ -46,15 +47,18 @@ def usage():
     r = resource.getrusage(resource.RUSAGE_SELF)
     return r.ru_utime, r.ru_stime, r.ru_minflt
 
-if phase == 'train':
-    with tempfile.TemporaryDirectory() as out:
-        before = usage(); t0 = time.perf_counter()
-        info = run(exp, out, dict(steps=size), progress=False)[2]
-        wall = time.perf_counter() - t0; rate = info['steps_per_second']
+cfg = exp.resolve(dict(steps=size, eval_every=0) if phase == 'train' else {})
+d, reverse = build(exp, cfg, 0)
+train_x, held = experiment_data(exp, cfg, 0)
+if phase == 'train':                    # the loop as run() calls it, setting-up not counted
+    kept = getattr(getattr(dpm, 'cpu_memory', None), 'kept_memory', contextlib.nullcontext)
+    before = usage(); t0 = time.perf_counter()
+    with kept():
+        info = train(d, reverse, train_x, held[:200], TrainConfig.from_dict(cfg), None, None,
+                     False, full_config=cfg)
+    wall = time.perf_counter() - t0; rate = size / wall
 else:
-    cfg = exp.resolve({}); d, reverse = build(exp, cfg, 0)
     reverse.eval()
-    _, held = experiment_data(exp, cfg, 0)
     before = usage(); t0 = time.perf_counter()
     with torch.no_grad():
         if phase == 'sample': d.sample(reverse, (size, *held.shape[1:]))

@@ -392,10 +392,13 @@ def test_list_and_worker_name_the_locked_jobs(tmp_path):
                                                   ROOT / 'bench' / 'successors_factorial.py')
     sfm = importlib.util.module_from_spec(spec); spec.loader.exec_module(sfm)
     todo = [j for j in sfm.jobs([0]) if j[0] == 'swiss_roll']
-    names = [f'{d}-{c}-{s}-seed{seed}' for d, c, s, seed, _ in todo]
-    for n in names[2:]: (tmp_path / f'{n}.json').write_text('{}')          # done
-    (tmp_path / f'.{names[0]}.lock').write_text(f'pid {os.getpid()} on {platform.node()}\n')
-    (tmp_path / f'.{names[1]}.lock').write_text('')                        # an old lock: no owner
+    names = [f'{d}-{c}-{s}-seed{seed}' for d, c, s, seed, _, _ in todo]
+    for (*_, kind), n in list(zip(todo, names))[2:]:                          # done
+        done = sfm.supplement_path(tmp_path, n) if kind == 'resample' else tmp_path / f'{n}.json'
+        done.parent.mkdir(exist_ok=True); done.write_text('{}')
+    kinds = [job[-1] for job in todo]
+    (tmp_path / f'.{kinds[0]}-{names[0]}.lock').write_text(f'pid {os.getpid()} on {platform.node()}\n')
+    (tmp_path / f'.{kinds[1]}-{names[1]}.lock').write_text('')             # an old lock: no owner
     args = ['--out', tmp_path, '--seeds', '0', '--data', 'swiss_roll']
     r = script(ROOT / 'bench' / 'successors_factorial.py', *args, '--list')
     assert r.returncode == 0, r.stderr

@@ -14,10 +14,11 @@ from dpm.successors import (BANDS, SuccessorReverse, band_ranges, clipped_mean,
                             compare_variants, cosine_schedule, eps_mean, implied_eps,
                             interpolated_variance, k_bands, linear_schedule,
                             posterior_variance, posterior_variances, predicted_x0, rescale_bits,
-                            simple_weights, skip_eps, successor_loss, train_budget, with_fixes)
-from dpm.factorial import (CELLS, STUDY_T, compare, curve_difference, pack_values, per_seed,
-                           read_records, run_cell, schedule_facts, seed_test, study_schedule,
-                           unpack_values, verdict)
+                            simple_weights, skip_eps, successor_loss, train_budget, with_fixes,
+                            step_probabilities, weighted_steps)
+from dpm.factorial import (CELLS, STUDY_T, check_study, compare, curve_difference, pack_values,
+                           per_seed, read_records, run_cell, schedule_facts, seed_test,
+                           study_schedule, unpack_values, verdict, draws_the_data, parzen_bits)
 
 VARIANTS = {'paper': ('paper', 'learned', 'K'), 'reference': ('reference', 'learned', 'K'),
             'eps_tilde': ('eps', 'beta_tilde', 'K'), 'ddpm': ('eps', 'beta_tilde', 'simple'),
@@ -282,31 +283,44 @@ def test_run_cell_writes_one_self_describing_record_and_resumes(tmp_path):
     assert list(read_records(tmp_path)['swiss_roll']) == ['eps-tilde-K']
 
 
-def _fake(cell, seed, k, first=0.0, schedule='linear'):
-    ex = {'K': k, 't = 2': first + 0 * k, 't = T': 0 * k, 'rest': k}
+def _fake(cell, seed, k, first=0.0, schedule='linear', cpu='one'):
+    ex = {'K': k, 't = 2': first + 0 * k, 't = T': 0 * k, 'rest': k - first}
+    kl_t = torch.zeros(11, dtype=torch.float64)
+    kl_t[0], kl_t[5] = -(first + 0 * k).mean(), -(k - first).mean()
     return dict(cell=cell, seed=seed, data='swiss_roll', sizes={}, schedule={'name': schedule},
-                steps=10, samples=dict(true_ll_bits=1.0),
+                steps=10, samples=dict(true_ll_bits=-1.3, coverage_bits=-1.5),
+                machine=dict(processor=cpu),
                 curve=[dict(steps=5, cpu_seconds=1.0, K_bits=0.0),
                        dict(steps=10, cpu_seconds=2.0, K_bits=seed * 0.01)],
-                scores={'as_specified': {'examples': {p: pack_values(v) for p, v in ex.items()}}})
+                scores={'as_specified': {'examples': {p: pack_values(v) for p, v in ex.items()},
+                                         'kl_t_bits': pack_values(kl_t)}})
 
 
-def test_a_verdict_needs_five_seeds_p_below_001_the_effect_and_no_end_step():
+def test_a_verdict_needs_five_seeds_p_below_001_and_the_effect():
     g = torch.Generator().manual_seed(0)
     base = [torch.randn(200, generator=g, dtype=torch.float64) for _ in range(6)]
     gaps = [0.3, 0.35, 0.32, 0.28, 0.31, 0.33]
     a = [_fake('a', s, b + x) for s, (b, x) in enumerate(zip(base, gaps))]
     b = [_fake('b', s, v) for s, v in enumerate(base)]
-    floors = dict(real=dict(true_ll_bits=2.0), gaussian=dict(true_ll_bits=-2.0))
+    floors = dict(real=dict(true_ll_bits=-1.2, coverage_bits=-1.4),
+                  gaussian=dict(true_ll_bits=-79.0, coverage_bits=-4.3))
     c = compare('swiss_roll', a, b, floors)
     assert c['verdict'] == ('higher', '') and c['K']['df'] == 5 and c['K']['p'] < 1e-4
     assert compare('swiss_roll', a[:4], b, floors)['verdict'][0] == 'no verdict'     # 4 seeds
+    assert sum(c['shares'].values()) == pytest.approx(c['K']['diff'], abs=2e-3)
     carried = [_fake('a', s, v + x, first=x) for s, (v, x) in enumerate(zip(base, gaps))]
-    assert 't = 2' in compare('swiss_roll', carried, b, floors)['verdict'][1]
+    cc = compare('swiss_roll', carried, b, floors)          # all of it at t = 2: still a verdict
+    assert cc['verdict'] == ('higher', '') and cc['rest_verdict'][0] == 'no verdict'
+    split = [_fake('a', s, v + x, first=2 * x) for s, (v, x) in enumerate(zip(base, gaps))]
+    cs = compare('swiss_roll', split, b, floors)
+    assert cs['sign_split'] and cs['rest_verdict'][0] == 'lower'
     small = [_fake('a', s, v + 0.01 * x) for s, (v, x) in enumerate(zip(base, gaps))]
     assert 'effect' in compare('swiss_roll', small, b, floors)['verdict'][1]
-    assert c['samples']['diff'] == 0.0 and c['samples_verdict'][0] == 'no verdict'
+    assert c['draw'] == [True, True] and c['samples_verdict'][0] == 'no verdict'
+    assert c['samples']['coverage_bits']['diff'] == 0.0
     assert c['equal_time']['seeds'] == 6
+    assert 'equal_time' not in compare('swiss_roll', a, [dict(r, machine=dict(processor='two'))
+                                                         for r in b], floors)
     with pytest.raises(ValueError, match='different forward processes'):
         per_seed(a, [_fake('b', 0, base[0], schedule='jump')])
     assert curve_difference(a, b) == {s: 0.0 for s in range(6)}
@@ -314,6 +328,44 @@ def test_a_verdict_needs_five_seeds_p_below_001_the_effect_and_no_end_step():
     assert t['df'] == 4 and t['t'] == pytest.approx(3 / (math.sqrt(2.5) / math.sqrt(5)))
     with pytest.raises(ValueError, match='effect'): verdict(t, 0.0)
     with pytest.raises(ValueError, match='packed'): unpack_values('abc')
+
+
+def test_a_collapsed_swiss_roll_does_not_draw_the_roll():
+    floors = dict(real=dict(true_ll_bits=-1.2, coverage_bits=-1.4),
+                  gaussian=dict(true_ll_bits=-79.0, coverage_bits=-4.3))
+    on = [dict(samples=dict(true_ll_bits=-1.5, coverage_bits=-1.5))]
+    collapsed = [dict(samples=dict(true_ll_bits=0.5, coverage_bits=-3.0))]
+    assert draws_the_data('swiss_roll', on, floors)
+    assert not draws_the_data('swiss_roll', collapsed, floors)
+    assert not draws_the_data('swiss_roll', [dict(samples=dict(true_ll_bits=-1.5))], floors)
+    x = torch.randn(300, 2, dtype=torch.float64)
+    near = parzen_bits(x[:150], x[150:], 0.5).mean()
+    assert near > parzen_bits(x[:150] + 5, x[150:], 0.5).mean()      # far points: lower
+
+
+def test_importance_sampled_t_is_unbiased_and_uniform_probabilities_are_stratified():
+    from dpm.training import stratified_steps
+    d = GaussianDiffusion(linear_schedule(50))
+    p = step_probabilities(d)
+    assert p.sum().item() == pytest.approx(1) and p.argmax() == 0
+    for seed in range(5):
+        torch.manual_seed(seed); a = stratified_steps(64, 50)
+        torch.manual_seed(seed)
+        assert torch.equal(a, weighted_steps(64, step_probabilities(d, 'uniform')))
+    t = weighted_steps(10_000, p)
+    freq = torch.bincount(t - 2, minlength=49).double() / 10_000
+    assert (freq - p).abs().max() < 2e-4
+    m = _model(d, 'eps', 'beta_tilde').double()
+    x0 = torch.randn(4, 2, dtype=torch.float64)
+    noise = torch.randn(49, 4, 2, dtype=torch.float64)
+    # the exact mean over t ~ p of the importance-sampled estimate is the uniform one's
+    by_t = lambda probs: torch.stack([successor_loss(d, m, x0, torch.full((4,), tt), noise[tt - 2],
+                                                     'K', probs) for tt in range(2, 51)])
+    w_is, w_u = by_t(p), by_t(None)
+    assert torch.allclose((p[:, None] * w_is).sum(0), w_u.mean(0), rtol=1e-9, atol=1e-9)
+    with pytest.raises(ValueError, match="loss='K'"):
+        train_budget(m, 'simple', torch.randn(50, 2), 2, 4, sampling='weights')
+    with pytest.raises(ValueError, match='sampling must be'): step_probabilities(d, 'other')
 
 
 def test_committed_study_records_describe_themselves():
@@ -325,12 +377,46 @@ def test_committed_study_records_describe_themselves():
     for p in paths:
         r = json.loads(p.read_text())
         assert p.stem == f"{r['data']}-{r['cell']}-{r['schedule']['name']}-seed{r['seed']}", p
-        assert CELLS[r['cell']] == (r['trunk'], r['kernel'], r['variance'], r['loss']), p
+        assert CELLS[r['cell']][:4] == (r['trunk'], r['kernel'], r['variance'], r['loss']), p
+        assert CELLS[r['cell']][4] == r.get('sampling', 'uniform'), p
         s = r['schedule']
         assert {'T', 'beta_1', 'beta_2', 'beta_T', 'beta_2_over_beta_1'} <= set(s), p
-        if s['name'] == 'linear':                       # the study's one forward process
-            assert s['T'] == 1000 and s['beta_2_over_beta_1'] <= 2 and s['beta_T'] <= 0.02, p
         assert r['complete'] and not r['small'] and r['threads'] == 1, p
-        assert r['steps'] == r['budget']['steps'] and r['cpu_seconds'] > 0, p
         assert {'processor', 'platform', 'torch'} <= set(r['machine']), p
         assert math.isfinite(r['scores']['as_specified']['K_bits']), p
+    assert check_study() == []
+
+
+def _copy_study(tmp_path):
+    import shutil
+    from dpm.factorial import study_dir
+    for p in study_dir().glob('*-seed*.json'): shutil.copy(p, tmp_path / p.name)
+    return tmp_path
+
+
+def _edit(path, change):
+    import json
+    r = json.loads(path.read_text()); change(r); path.write_text(json.dumps(r))
+
+
+@pytest.mark.parametrize('defect, says', [
+    ('beta_1', "not the forward process 'linear' (beta_1 0.001"),
+    ('processor', 'seeds from more than one processor'),
+    ('four seeds', 'seeds [0, 1, 2, 3]'),
+    ('evaluation size', 'records with different sizes'),
+    ('cell', 'not the cell'),
+    ('small', 'incomplete, small'),
+])
+def test_the_record_check_catches_what_it_claims(tmp_path, defect, says):
+    "A copy of the committed records with one defect: check_study names it; the copy is clean."
+    d = _copy_study(tmp_path)
+    assert check_study(d) == []
+    one = d / 'swiss_roll-eps-tilde-simple-linear-seed2.json'
+    if defect == 'beta_1': _edit(one, lambda r: r['schedule'].update(beta_1=1e-3))
+    if defect == 'processor': _edit(one, lambda r: r['machine'].update(processor='Other CPU'))
+    if defect == 'four seeds': (d / 'swiss_roll-eps-tilde-simple-linear-seed4.json').unlink()
+    if defect == 'evaluation size': _edit(one, lambda r: r['sizes'].update(n_eval=1000))
+    if defect == 'cell': _edit(one, lambda r: r.update(loss='K'))
+    if defect == 'small': _edit(one, lambda r: r.update(small=True))
+    problems = check_study(d)
+    assert any(says in p for p in problems), problems
