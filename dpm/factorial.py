@@ -22,6 +22,7 @@ from .reverse import ReverseModel
 from .experiments import experiment_data, machine
 from .config import scaled, small_scale
 from .files import write_json
+from .readers import read_record, read_study_record, read_floors, signed, RecordError
 from .baselines import paired
 from .successors import (SuccessorReverse, with_fixes, linear_schedule, train_budget,
                             compare_variants, rescale_bits)
@@ -262,8 +263,8 @@ def unpack_values(text: str) -> torch.Tensor:
     return torch.frombuffer(raw, dtype=torch.float16).double()
 
 def write_record(rec: dict, path):
-    "A record as compact JSON, its floats `rounded`, written atomically."
-    write_json(rounded(rec), path, compact=True)
+    "A record as compact JSON, its floats `rounded`, with its checksum (A4), written atomically."
+    write_json(signed(rounded(rec)), path, compact=True)
 
 # %% ../nbs/15b_factorial.ipynb #1e54b6ef
 def _scores(model: SuccessorReverse, x, seed: int, scale: float, fixes: bool) -> dict:
@@ -308,7 +309,7 @@ def run_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear', out=
     "Train one cell on a forward process and score it; its record, written to out if given."
     _check(data, cell)
     path = None if out is None else Path(out) / f'{data}-{cell}-{schedule}-seed{seed}.json'
-    if path is not None and path.exists(): return json.loads(path.read_text())
+    if path is not None and path.exists(): return read_study_record(path)
     s, b = study_schedule(schedule), {**STUDY_BUDGET[data], **sizes}
     steps = int(sizes.get('steps', cell_steps(data, cell)))
     cfg, _, train, heldout = study_setup(data, seed)
@@ -349,7 +350,7 @@ def resample_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear',
     (one thread), its K checked against the record's, written beside it (`supplement_path`)."""
     directory = Path(out or study_dir())
     name = f'{data}-{cell}-{schedule}-seed{seed}'
-    old = json.loads((directory / f'{name}.json').read_text())
+    old = read_study_record(directory / f'{name}.json')
     new = run_cell(data, cell, seed, schedule, None, **{'steps': old['steps'], **old['sizes']})
     k_old, k_new = (r['scores']['as_specified']['K_bits'] for r in (old, new))
     sup = dict(data=data, cell=cell, seed=seed, schedule=schedule, K_bits=k_new,
@@ -364,11 +365,11 @@ def read_records(directory=None, schedule: str = 'linear') -> dict:
     a record without the samples' coverage takes it from its supplement if that reproduced K."""
     out, directory = {}, Path(directory or study_dir())
     for p in sorted(directory.glob(f'*-{schedule}-seed*.json')):
-        r = json.loads(p.read_text())
+        r = read_study_record(p)                                 # checksum and fields (A4)
         r.setdefault('sampling', 'uniform')                      # records from before SAMPLINGS
         sup = supplement_path(directory, p.stem)
         if 'true_ll_bits' in r.get('samples', {}) and 'coverage_bits' not in r['samples'] \
-                and sup.exists() and (s := json.loads(sup.read_text())).get('reproduces'):
+                and sup.exists() and (s := read_record(sup)).get('reproduces'):
             r['samples'] = {**r['samples'], **s['samples'], 'resampled': True}
         if r.get('complete'): out.setdefault(r['data'], {}).setdefault(r['cell'], []).append(r)
     return {data: {c: sorted(v, key=lambda r: r['seed']) for c, v in cells.items()}
@@ -384,7 +385,8 @@ def check_study(directory=None) -> list:
     records, two processors in one cell, and a cell without exactly its seeds."""
     directory, problems, cells = Path(directory or study_dir()), [], {}
     for p in sorted(directory.glob('*-seed*.json')):
-        r = json.loads(p.read_text())
+        try: r = read_study_record(p)
+        except RecordError as e: problems.append(str(e)); continue
         name = f"{r['data']}-{r['cell']}-{r['schedule']['name']}-seed{r['seed']}"
         if p.stem != name: problems.append(f"{p.name}: holds {name}")
         if CELLS.get(r['cell']) != tuple(r.get(k, 'uniform') for k in (

@@ -395,8 +395,10 @@ def _copy_study(tmp_path):
 
 
 def _edit(path, change):
+    "Change a record and sign it again, as an editor with the tool would: the check must tell."
     import json
-    r = json.loads(path.read_text()); change(r); path.write_text(json.dumps(r))
+    from dpm.readers import signed
+    r = json.loads(path.read_text()); change(r); path.write_text(json.dumps(signed(r)))
 
 
 @pytest.mark.parametrize('defect, says', [
