@@ -388,6 +388,7 @@ def _peer_lost(e: BaseException, args):
     lost = f'rank {1 - rank}' if n == 2 else 'another rank'
     return _interrupted(args, f'{lost} of the {n} processes was lost (its connection closed)')
 
+# %% ../nbs/06_cli.ipynb #58006522
 def _stopped(args, signum):
     "The line of a run ended by SIGINT or SIGTERM (under torchrun: another rank may have failed)."
     rank, n = _ranks()
@@ -443,6 +444,7 @@ def _stop_handlers(on: bool, before: dict = None) -> dict:
     _STOP.update(signal=None, handling=False)
     return {s: signal.signal(s, _on_stop) for s in (signal.SIGINT, signal.SIGTERM)}
 
+# %% ../nbs/06_cli.ipynb #7d0ad5ea
 def main(argv=None):
     "Entry point of the `dpm` console script (and of `python -m dpm`)."
     if argv is None: os.environ.setdefault('MPLBACKEND', 'Agg')   # a shell command draws to files

@@ -267,6 +267,7 @@ def packaged_model(tag: str) -> Path:
         if path.is_file(): return path
     return shipped / f'{tag}.pt'
 
+# %% ../nbs/05b_experiments.ipynb #0e33b3af
 def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device=None,
                   progress: bool = True, retrain: bool = False):
     "Reuse results/models/<tag>.pt (else the packaged one) if its config matches; else train."
@@ -286,7 +287,6 @@ def train_or_load(exp: Experiment, overrides: dict = None, seed: int = 0, device
         d, reverse, info = run(exp, root / 'runs' / tag, overrides, seed, device, progress)
     if not small_scale() and info['completed']: save_model(stored, exp, d, reverse, cfg, info)
     return d, reverse, info, cfg
-
 
 # %% ../nbs/05b_experiments.ipynb #fe500004
 def code_text(source: str) -> str:
@@ -330,6 +330,7 @@ def read_study(record, key: str) -> Optional[dict]:
         return None
     return r if r['key'] == key else None
 
+# %% ../nbs/05b_experiments.ipynb #de414704
 def _numbers(v) -> list:
     "The floats of a study (tensors' too), at any depth."
     if isinstance(v, dict): return [x for w in v.values() for x in _numbers(w)]

@@ -327,8 +327,7 @@ def run_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear', out=
     except FloatingPointError as e: rec.update(failed=str(e), complete=False)  # diverged
     else:
         rec.update({k: r[k] for k in ('steps', 'cpu_seconds', 'cpu_per_step', 'train_seconds',
-                                      'curve')})
-        c0 = time.process_time()
+                                      'curve')}); c0 = time.process_time()
         rec['scores'] = _scores(model, heldout[:b['n_eval']], seed + 11, scale, fixes)
         rec['samples'] = sample_measures(data, cfg, model, heldout, b['n_samples'], seed + 12)
         rec.update(eval_cpu_seconds=time.process_time() - c0, complete=r['steps'] == steps)
@@ -360,6 +359,7 @@ def resample_cell(data: str, cell: str, seed: int = 0, schedule: str = 'linear',
     write_record(sup, supplement_path(directory, name))
     return sup
 
+# %% ../nbs/15b_factorial.ipynb #f7809a68
 def read_records(directory=None, schedule: str = 'linear') -> dict:
     """{data: {cell: [complete records, by seed]}} of one schedule, from a directory of records;
     a record without the samples' coverage takes it from its supplement if that reproduced K."""
@@ -374,6 +374,26 @@ def read_records(directory=None, schedule: str = 'linear') -> dict:
         if r.get('complete'): out.setdefault(r['data'], {}).setdefault(r['cell'], []).append(r)
     return {data: {c: sorted(v, key=lambda r: r['seed']) for c, v in cells.items()}
             for data, cells in out.items()}
+
+# %% ../nbs/15b_factorial.ipynb #38b96523
+def _cell_problems(cells: dict) -> list:
+    "Across records: one evaluation, budget a data set; one processor, all seeds a cell."
+    problems = []
+    for data in DATA_SETS:                       # one data set: one evaluation, one budget
+        recs = [r for (d, _, _), v in cells.items() if d == data for r in v]
+        for key in ('sizes', 'unit'):
+            if len({json.dumps(r[key], sort_keys=True) for r in recs}) > 1:
+                problems.append(f"{data}: records with different {key}")
+        budgets = {json.dumps({k: v for k, v in r['budget'].items() if k != 'steps'},
+                              sort_keys=True) for r in recs}
+        if len(budgets) > 1: problems.append(f"{data}: records with different budgets")
+    for (data, cell, schedule), v in cells.items():
+        if len({r['machine']['processor'] for r in v}) > 1:
+            problems.append(f"{data} {cell} {schedule}: seeds from more than one processor")
+        seeds = sorted(r['seed'] for r in v)
+        if seeds != list(range(JUMP_SEEDS if schedule == 'jump' else MIN_SEEDS)):
+            problems.append(f"{data} {cell} {schedule}: seeds {seeds}")
+    return problems
 
 # %% ../nbs/15b_factorial.ipynb #80eea3dc
 JUMP_SEEDS = 3              # the jump's demonstration: seeds 0, 1, 2; the study's cells: MIN_SEEDS
@@ -401,21 +421,7 @@ def check_study(directory=None) -> list:
                 or not r.get('cpu_seconds', 0) > 0 or r['steps'] != r['budget']['steps']:
             problems.append(f"{p.name}: incomplete, small, not one thread or no CPU seconds")
         cells.setdefault((r['data'], r['cell'], r['schedule']['name']), []).append(r)
-    for data in DATA_SETS:                       # one data set: one evaluation, one budget
-        recs = [r for (d, _, _), v in cells.items() if d == data for r in v]
-        for key in ('sizes', 'unit'):
-            if len({json.dumps(r[key], sort_keys=True) for r in recs}) > 1:
-                problems.append(f"{data}: records with different {key}")
-        budgets = {json.dumps({k: v for k, v in r['budget'].items() if k != 'steps'},
-                              sort_keys=True) for r in recs}
-        if len(budgets) > 1: problems.append(f"{data}: records with different budgets")
-    for (data, cell, schedule), v in cells.items():
-        if len({r['machine']['processor'] for r in v}) > 1:
-            problems.append(f"{data} {cell} {schedule}: seeds from more than one processor")
-        seeds = sorted(r['seed'] for r in v)
-        if seeds != list(range(JUMP_SEEDS if schedule == 'jump' else MIN_SEEDS)):
-            problems.append(f"{data} {cell} {schedule}: seeds {seeds}")
-    return problems
+    return problems + _cell_problems(cells)
 
 # %% ../nbs/15b_factorial.ipynb #698bdc4e
 EFFECT = dict(swiss_roll=0.05, mnist=0.01)   # the least difference in K a verdict needs
@@ -523,6 +529,25 @@ def per_seed_steps(recs_a: list, recs_b: list, lo: int, hi: int = None) -> dict:
         out[ra['seed']] = (kl_b[steps].sum() - kl_a[steps].sum()).item()
     return out
 
+# %% ../nbs/15b_factorial.ipynb #7f4c5954
+def _sample_verdicts(recs_a: list, recs_b: list, m: dict) -> dict:
+    "Samples of a against b on each side of the measure `m`, and one verdict."
+    out = {}
+    of_b = {r['seed']: r['samples'] for r in recs_b}
+    out['samples'], words = {}, []
+    for key in m['keys']:
+        t = seed_test([r['samples'][key] - of_b[r['seed']][key] for r in recs_a
+                       if r['seed'] in of_b])
+        w, why = verdict(t, m['effect'])
+        if w != 'no verdict': w = 'better' if (w == 'higher') == m['higher_better'] else 'worse'
+        out['samples'][key] = dict(t, verdict=(w, why)); words.append(w)
+    said = set(words) - {'no verdict'}
+    out['samples_verdict'] = (('mixed', 'better on one side, worse on the other')
+                              if len(said) > 1 else (said.pop(), '') if said else
+                              ('no verdict', out['samples'][m['keys'][0]]['verdict'][1]))
+    return out
+
+# %% ../nbs/15b_factorial.ipynb #cabdf9c5
 def compare(data: str, recs_a: list, recs_b: list, floors: dict) -> dict:
     """Cell a against cell b: K whole, its parts at t = 2, 3..10 and 11..T, the steps t = 3..T-1
     tested alone, K at equal time (one processor only), and the samples where both draw the data."""
@@ -545,17 +570,5 @@ def compare(data: str, recs_a: list, recs_b: list, floors: dict) -> dict:
     out['draw'] = drawn                  # and whether every seed has every side of the measure
     out['measured'] = [all(k in r['samples'] for r in v for k in m['keys'])
                        for v in (recs_a, recs_b)]
-    if all(drawn):
-        of_b = {r['seed']: r['samples'] for r in recs_b}
-        out['samples'], words = {}, []
-        for key in m['keys']:
-            t = seed_test([r['samples'][key] - of_b[r['seed']][key] for r in recs_a
-                           if r['seed'] in of_b])
-            w, why = verdict(t, m['effect'])
-            if w != 'no verdict': w = 'better' if (w == 'higher') == m['higher_better'] else 'worse'
-            out['samples'][key] = dict(t, verdict=(w, why)); words.append(w)
-        said = set(words) - {'no verdict'}
-        out['samples_verdict'] = (('mixed', 'better on one side, worse on the other')
-                                  if len(said) > 1 else (said.pop(), '') if said else
-                                  ('no verdict', out['samples'][m['keys'][0]]['verdict'][1]))
+    if all(drawn): out.update(_sample_verdicts(recs_a, recs_b, m))
     return out

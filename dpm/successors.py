@@ -234,6 +234,18 @@ def _lr(lr: float, lr_final: float, fraction: float) -> float:
     # $\eta_k = \eta\,[f + (1-f)\tfrac12(1+\cos\pi k/K)]$, as the book's other models
     return lr * (lr_final + (1 - lr_final) * 0.5 * (1 + math.cos(math.pi * min(fraction, 1))))
 
+# %% ../nbs/15a_successors.ipynb #51614c03
+def _budget_step(model, opt, avg, train_data, gen, probs, loss: str, batch_size: int, step: int):
+    "One Adam step of `train_budget` on a minibatch, t stratified or drawn by `probs`; averaged."
+    d = model.diffusion
+    x0 = train_data[torch.randint(len(train_data), (batch_size,), generator=gen)]
+    t = (stratified_steps(batch_size, d.T) if probs is None    # t in 2..T
+         else weighted_steps(batch_size, probs))
+    value = successor_loss(d, model, x0, t, torch.randn_like(x0), loss, probs).mean()
+    if not math.isfinite(value.item()): raise FloatingPointError(f"loss {value} at {step}")
+    opt.zero_grad(set_to_none=True); value.backward(); opt.step()
+    avg.update_parameters(model)
+
 # %% ../nbs/15a_successors.ipynb #fa1f7f52
 def train_budget(model: SuccessorReverse, loss: str, train_data, steps: int, batch_size: int,
                  seconds: float = math.inf, lr: float = 2e-3, lr_final: float = 0.05,
@@ -254,13 +266,7 @@ def train_budget(model: SuccessorReverse, loss: str, train_data, steps: int, bat
     while step < int(steps) and cpu < seconds:
         c0 = time.process_time()
         for g in opt.param_groups: g['lr'] = _lr(lr, lr_final, max(step / steps, cpu / seconds))
-        x0 = train_data[torch.randint(len(train_data), (batch_size,), generator=gen)]
-        t = (stratified_steps(batch_size, d.T) if probs is None    # t in 2..T
-             else weighted_steps(batch_size, probs))
-        value = successor_loss(d, model, x0, t, torch.randn_like(x0), loss, probs).mean()
-        if not math.isfinite(value.item()): raise FloatingPointError(f"loss {value} at {step}")
-        opt.zero_grad(set_to_none=True); value.backward(); opt.step()
-        avg.update_parameters(model)
+        _budget_step(model, opt, avg, train_data, gen, probs, loss, batch_size, step)
         step, cpu = step + 1, cpu + time.process_time() - c0
         while pending and step >= pending[0]:                      # score the averaged weights
             del pending[0]; curve.append(dict(steps=step, cpu_seconds=cpu,

@@ -5,6 +5,7 @@ import pytest, torch
 from dpm.cli import get_experiment
 from dpm.training import ALPHA_BAR_T_MAX
 from dpm.experiments import load_model
+from dpm.training import load_checkpoint
 
 ROOT = Path(__file__).resolve().parents[1]
 CLASSIFIER = 'digit_classifier.pt'
@@ -15,7 +16,8 @@ def test_there_are_committed_models():
 
 @pytest.mark.parametrize('path', MODELS, ids=lambda p: p.stem)
 def test_committed_model_ends_at_the_prior(path):
-    d, reverse, info, cfg = load_model(get_experiment(path.stem.split('-')[0]), path)
+    experiment = load_checkpoint(path)['experiment']             # the file names its experiment
+    d, reverse, info, cfg = load_model(get_experiment(experiment), path)
     with torch.no_grad(): alpha_bar_T = d.alphas_bar()[-1].item()
     assert alpha_bar_T <= ALPHA_BAR_T_MAX, f"{path.name}: alpha_bar_T = {alpha_bar_T:.3f}"
 

@@ -341,8 +341,7 @@ def test_a_swallowed_interrupt_is_raised_again(tmp_path):
     goes on) is raised again within seconds: the run still ends in one line."""
     cmd = ('import time, dpm.cli as c\n'
            'def stubborn(args):\n'
-           '    print("ready", flush=True)\n'
-           '    try: time.sleep(60)\n'
+           '    try: print("ready", flush=True); time.sleep(60)\n'   # the signal lands in the try
            '    except KeyboardInterrupt: print("swallowed", flush=True)\n'
            '    while True: time.sleep(0.05)\n'
            'c.cmd_list = stubborn\n'
