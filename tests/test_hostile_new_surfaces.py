@@ -461,6 +461,31 @@ def test_a_lost_peer_is_one_line_naming_it(tmp_path, victim):
     assert load_checkpoint(out / 'checkpoint.pt')['step'] == step > 0
 
 
+
+AGENT = """
+import os, subprocess, sys, time
+env = dict(os.environ, TORCHELASTIC_RUN_ID='test-run', WORLD_SIZE='2')
+rank0 = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'], env=dict(env, RANK='0'))
+look = ('import sys, time, dpm.cli as c; print(c._absent_ranks(), flush=True); sys.stdin.readline(); '
+        'print(c._absent_ranks(), flush=True)')
+rank1 = subprocess.Popen([sys.executable, '-c', look], env=dict(env, RANK='1'), stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, text=True)
+print(rank1.stdout.readline().strip(), flush=True)
+rank0.kill(); rank0.wait()                      # lost and reaped, as torchrun's agent does
+rank1.stdin.write('go\\n'); rank1.stdin.flush()
+print(rank1.stdout.readline().strip(), flush=True); rank1.wait()
+"""
+
+
+@pytest.mark.skipif(not Path('/proc/self/environ').exists(), reason='/proc missing')
+def test_a_sigterm_before_the_collective_fails_still_names_the_lost_rank():
+    """torchrun's SIGTERM can reach the survivor before its collective fails: the survivor then finds
+    the lost rank by looking for its peers under the same agent."""
+    r = subprocess.run([sys.executable, '-c', AGENT], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert r.stdout.split('\n')[:2] == ['[]', '[0]'], r.stdout
+
 # 6. records carry a checksum and a schema ------------------------------------------------------------
 STUDY = ROOT / 'results' / 'successors' / 'study'
 
