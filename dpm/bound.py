@@ -121,19 +121,21 @@ def kl_terms(d: Diffusion, reverse, x0, t, noise=None, runs: int = 1):
 # %% ../nbs/02_bound.ipynb #63f068e1
 @patch
 @kept_memory()                               # a loop over t: freed memory kept (appendix A6)
-def bound_terms(self: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1 << 21):
-    "Terms of eq-k-general per example: (prior, first step, KL per t = 2..T as (batch, T-1)), nats."
+def bound_terms(self: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1 << 18):
+    """Terms of eq-k-general per example: (prior, first step, KL per t = 2..T as (batch, T-1)),
+    nats. At most `chunk` numbers of $x_0$ (rows times steps) go through the network in one call."""
     x0 = self.check_data(x0)
     n_samples = _positive(n_samples, 'n_samples')
     B, T = x0.shape[0], self.T
     kls = x0.new_zeros(B, max(T - 1, 0))
-    per_chunk = max(1, chunk // max(1, x0.numel()))
+    rows = max(1, chunk // max(1, x0[:1].numel()))
     for _ in range(n_samples if B > 0 and T > 1 else 0):       # nothing to sample otherwise
-        for ts in torch.arange(2, T + 1, device=x0.device).split(per_chunk):
-            k = len(ts)
-            x0r = x0.repeat(k, *([1] * (x0.ndim - 1)))
-            kls[:, ts - 2] += kl_terms(self, reverse, x0r, ts.repeat_interleave(B), runs=k)\
-                                   .view(k, B).T
+        for r in range(0, B, rows):                              # blocks of rows
+            xb = x0[r:r + rows]; b = len(xb)
+            for ts in torch.arange(2, T + 1, device=x0.device).split(max(1, rows // b)):
+                x0r = xb.repeat(len(ts), *([1] * (x0.ndim - 1)))
+                kls[r:r + b, ts - 2] += kl_terms(self, reverse, x0r, ts.repeat_interleave(b),
+                                                 runs=len(ts)).view(len(ts), b).T
     return prior_term(self, x0), first_step_term(self, x0), kls / n_samples
 
 @patch
