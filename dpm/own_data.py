@@ -3,12 +3,12 @@
 # %% auto #0
 __all__ = ['TABLE_SUFFIXES', 'TABLE_MAX_BYTES', 'TABLE_MAX_VALUES', 'IMAGE_MAX_PIXELS', 'IMAGES_MAX_BYTES', 'GREY_MODES',
            'MAX_SIZE', 'DECODED_MAX_BYTES', 'KINDS', 'IMAGES', 'POINTS', 'BITS', 'EXPERIMENTS', 'Table', 'read_table',
-           'image_suffixes', 'image_files', 'BadImage', 'open_image', 'by_rule', 'decoded', 'load_image', 'ImageFolder',
-           'auto_size', 'read_images', 'read_data', 'split_indices', 'files_hash', 'examples', 'data_facts',
-           'to_model_units', 'to_user_units', 'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices',
-           'per_example_bound', 'baseline_log_prob', 'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_record',
-           'fit_or_load', 'recorded', 'model_images', 'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint',
-           'cmd_denoise']
+           'image_suffixes', 'image_files', 'BadImage', 'open_image', 'upright', 'by_rule', 'decoded', 'load_image',
+           'ImageFolder', 'auto_size', 'held_crops', 'texture_crops', 'read_images', 'read_data', 'split_indices',
+           'data_split', 'files_hash', 'examples', 'data_facts', 'to_model_units', 'to_user_units', 'log_jacobian',
+           'data_defaults', 'OwnData', 'describe_choices', 'per_example_bound', 'baseline_log_prob', 'plot_beside',
+           'plt_subplots', 'DiffusionModel', 'model_record', 'fit_or_load', 'recorded', 'model_images',
+           'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
 
 # %% ../nbs/15c_own_data.ipynb #ocda4b92
 import argparse, csv, functools, hashlib, inspect, json, math, os, sys, tempfile, time, warnings
@@ -224,11 +224,19 @@ def _may_be_rotated(im: Image.Image) -> bool:
     "Whether a decoded image carries an orientation: EXIF or XMP data, or a TIFF's own tags."
     return bool({'exif', 'xmp', 'XML:com.adobe.xmp'} & set(im.info)) or im.format in ('TIFF', 'MPO')
 
-def by_rule(im: Image.Image, size: int, channels: int) -> np.ndarray:
-    "A decoded image by the size rule: EXIF-rotated, centre-cropped, resized; uint8 (C, S, S)."
+def upright(im: Image.Image, channels: int) -> np.ndarray:
+    "A decoded image rotated as its EXIF orientation says, 8-bit; uint8 (C, H, W)."
     if _may_be_rotated(im): ImageOps.exif_transpose(im, in_place=True)
-    im = _eight_bit(im, channels)
-    if im.size != (size, size): im = ImageOps.fit(im, (size, size), Image.Resampling.LANCZOS)
+    a = np.asarray(_eight_bit(im, channels), dtype=np.uint8)
+    return a[None] if channels == 1 else a.transpose(2, 0, 1)
+
+def by_rule(im: Image.Image, size: int, channels: int, resize: bool = True) -> np.ndarray:
+    "A decoded image by the size rule: EXIF-rotated, centre-cropped, resized; uint8 (C, S, S)."
+    if not resize:                                   # a texture's centre crop at its resolution
+        a = upright(im, channels); y, x = (a.shape[1] - size) // 2, (a.shape[2] - size) // 2
+        return np.ascontiguousarray(a[:, y:y + size, x:x + size])
+    if _may_be_rotated(im): ImageOps.exif_transpose(im, in_place=True)
+    im = ImageOps.fit(_eight_bit(im, channels), (size, size), Image.Resampling.LANCZOS)
     a = np.asarray(im, dtype=np.uint8)
     return a[None] if channels == 1 else a.transpose(2, 0, 1)
 
@@ -245,9 +253,9 @@ def decoded(path, im: Image.Image = None) -> Image.Image:
         raise BadImage(f"{path} is damaged or truncated ({str(e)[:60]})") from None
 
 # %% ../nbs/15c_own_data.ipynb #oc91032a
-def load_image(path, size: int, channels: int) -> np.ndarray:
-    "One image file by the size rule: uint8 (channels, size, size)."
-    return by_rule(decoded(path), size, channels)
+def load_image(path, size: int, channels: int, resize: bool = True) -> np.ndarray:
+    "One image file by the size rule (or its centre crop, `resize=False`): uint8 (C, S, S)."
+    return by_rule(decoded(path), size, channels, resize)
 
 # %% ../nbs/15c_own_data.ipynb #oc12c6fc
 @dataclass
@@ -259,7 +267,18 @@ class ImageFolder:
     others: int            # files that are not images, left alone
     alpha: int             # images whose alpha channel was dropped
     colour: int            # colour images (0: every image grey)
+    origin: np.ndarray = None  # the file of each image (an index into files)
+    held: np.ndarray = None    # with crops: True for the crops of the held-out band
 
+    def names(self) -> list:
+        "A name per image: its file, and with crops the crop's number in that file."
+        if self.held is None: return [str(self.files[j]) for j in self.origin]
+        seen = np.zeros(len(self.files), int)
+        out = []
+        for j in self.origin: out.append(f'{self.files[j]} crop {seen[j] + 1}'); seen[j] += 1
+        return out
+
+# %% ../nbs/15c_own_data.ipynb #oc1f2e3a
 DECODED_MAX_BYTES = 1 << 28             # decoded images kept between the passes: 256 MiB
 
 def _first_pass(files, skip_bad: bool) -> tuple:
@@ -289,28 +308,74 @@ def auto_size(info, files) -> int:
                         f"a side at least (or set size=N to enlarge them)")
     return min(MAX_SIZE, side // 8 * 8)
 
-# %% ../nbs/15c_own_data.ipynb #oc4d134b
-def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False) -> ImageFolder:
-    "The images under `folder` by the size rule; size and channels 0: decided from the data."
-    files, others = image_files(folder)
-    files, info, first, skipped = _first_pass(files, skip_bad)
-    if not files: raise DataError(f"{folder}: every image was bad ({len(skipped)} skipped)")
-    colour = sum(not grey for _, _, grey, _ in info)
-    channels = channels or (3 if colour else 1)
-    size = size or auto_size(info, files)
-    if len(files) * channels * size * size > IMAGES_MAX_BYTES:
-        raise DataError(f"{folder}: {len(files):,} images of {channels} x {size} x {size} need "
-                        f"more than {IMAGES_MAX_BYTES >> 20:,} MiB; use fewer or a smaller size")
-    out, kept = np.empty((len(files), channels, size, size), np.uint8), []
+# %% ../nbs/15c_own_data.ipynb #oc7c40b1
+def held_crops(crops: int, heldout: float) -> int:
+    "Held-out crops of one image beside `crops` training crops: the fraction `heldout` of all."
+    return max(2, round(crops * heldout / (1 - heldout)))
+
+def texture_crops(a: np.ndarray, size: int, crops: int, heldout: float, rng, path='') -> tuple:
+    """(training crops, held-out crops) of an upright image a (C, H, W), uint8 (n, C, S, S): the
+    held-out ones from its bottom band of max(S, ceil(heldout H)) rows, the others from above it."""
+    H, W = a.shape[1:]
+    band = max(size, math.ceil(heldout * H))
+    if W < size or H - band < size:
+        raise DataError(f"{path} is {W} x {H} pixels: crops of {size} x {size} with a held-out band "
+                        f"of {band} rows need {size} x {band + size} at least (set a smaller size)")
+    def cut(top, bottom, n):
+        ys, xs = rng.integers(top, bottom - size + 1, n), rng.integers(0, W - size + 1, n)
+        return np.stack([a[:, y:y + size, x:x + size] for y, x in zip(ys, xs)])
+    return cut(0, H - band, crops), cut(H - band, H, held_crops(crops, heldout))
+
+# %% ../nbs/15c_own_data.ipynb #oc4d134a
+def _resized_all(files, first, size: int, channels: int, skip_bad: bool) -> tuple:
+    "(images by the size rule in one preallocated array, kept files, skipped files)."
+    out, kept, skipped = np.empty((len(files), channels, size, size), np.uint8), [], []
     for p, im in zip(files, first):
         try: out[len(kept)] = by_rule(im, size, channels) if im else load_image(p, size, channels)
         except BadImage:
             if not skip_bad: raise
             skipped.append(p); continue
         kept.append(p)
-    kept_set = set(kept)
-    alpha = sum(a for (*_, a), p in zip(info, files) if p in kept_set)
-    return ImageFolder(kept, out[:len(kept)], skipped, others, alpha, colour)
+    return out[:len(kept)], kept, skipped
+
+# %% ../nbs/15c_own_data.ipynb #oc4d134b
+def _crops_of_all(files, first, size: int, channels: int, crops: int, heldout: float,
+                  seed: int, skip_bad: bool) -> tuple:
+    "(crops, origin, held, kept files, skipped files) of every image, by texture_crops."
+    n_each = crops + held_crops(crops, heldout)
+    out, origin, held, kept, skipped = [], [], [], [], []
+    for i, (p, im) in enumerate(zip(files, first)):
+        try: a = upright(im if im is not None else decoded(p), channels)
+        except BadImage:
+            if not skip_bad: raise
+            skipped.append(p); continue
+        rng = np.random.default_rng([seed, i])          # the i-th image's own stream
+        parts = texture_crops(a, size, crops, heldout, rng, p)
+        out += parts; origin += [len(kept)] * n_each; kept.append(p)
+        held += [False] * crops + [True] * (n_each - crops)
+    return np.concatenate(out), np.array(origin), np.array(held), kept, skipped
+
+def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False, crops: int = 0,
+                heldout: float = 0.1, seed: int = 0) -> ImageFolder:
+    """The images under `folder` by the size rule (with `crops`, that many training crops of each
+    and its held-out band's, drawn from `seed`); size and channels 0: decided from the data."""
+    files, others = image_files(folder)
+    files, info, first, skipped = _first_pass(files, skip_bad)
+    if not files: raise DataError(f"{folder}: every image was bad ({len(skipped)} skipped)")
+    colour = sum(not grey for _, _, grey, _ in info)
+    channels, size = channels or (3 if colour else 1), size or auto_size(info, files)
+    n_each = crops + held_crops(crops, heldout) if crops else 1
+    if len(files) * n_each * channels * size * size > IMAGES_MAX_BYTES:
+        raise DataError(f"{folder}: {len(files) * n_each:,} images of {channels} x {size} x {size} "
+                        f"need more than {IMAGES_MAX_BYTES >> 20:,} MiB; use fewer or a smaller size")
+    if crops:
+        out, origin, held, kept, skipped2 = _crops_of_all(files, first, size, channels, crops,
+                                                          heldout, seed, skip_bad)
+    else:
+        (out, kept, skipped2), held = _resized_all(files, first, size, channels, skip_bad), None
+        origin = np.arange(len(kept))
+    alpha = sum(a for (*_, a), p in zip(info, files) if p in set(kept))
+    return ImageFolder(kept, out, skipped + skipped2, others, alpha, colour, origin, held)
 
 # %% ../nbs/15c_own_data.ipynb #oc887309
 def _listing(path: Path) -> tuple:
@@ -321,21 +386,23 @@ def _listing(path: Path) -> tuple:
                  for f in sorted(fs) if (Path(r) / f).is_file())
 
 @functools.lru_cache(maxsize=4)
-def _cached(kind: str, path: str, listing: tuple, size: int, channels: int, skip_bad: bool):
-    if kind == 'images': return read_images(path, size, channels, skip_bad)
+def _cached(kind: str, path: str, listing: tuple, size: int, channels: int, skip_bad: bool,
+            crops: tuple):
+    if kind == 'images': return read_images(path, size, channels, skip_bad, *crops)
     return read_table(path)
 
-_DECIDED = {}                  # (path, listing, skip_bad) -> the (size, channels) the data chose
+_DECIDED = {}                  # (path, listing, skip_bad, crops) -> the data's (size, channels)
 
-def read_data(kind: str, path, size: int = 0, channels: int = 0, skip_bad: bool = False):
-    "`read_images` or `read_table` of `path`, remembered while its files stay the same."
+def read_data(kind: str, path, size: int = 0, channels: int = 0, skip_bad: bool = False,
+              crops: tuple = (0,)):
+    "`read_images` (`crops`: its crops, heldout, seed) or `read_table` of `path`, remembered."
     path = Path(path)
     if not path.exists(): raise DataError(f"{path} does not exist")
     try: listing = _listing(path)
     except OSError as e: raise DataError(f"cannot list {path} ({e.strerror})") from None
-    key = (str(path), listing, skip_bad)
+    key = (str(path), listing, skip_bad, crops)
     if kind == 'images' and _DECIDED.get(key) == (size, channels): size = channels = 0
-    got = _cached(kind, str(path), listing, size, channels, skip_bad)
+    got = _cached(kind, str(path), listing, size, channels, skip_bad, crops)
     if kind == 'images' and size == channels == 0:                # what the data decided
         _DECIDED[key] = (got.images.shape[-1], got.images.shape[1])
     return got
@@ -349,6 +416,13 @@ def split_indices(n: int, heldout: float, seed: int) -> tuple:
                         f"2) and training (at least 2) need {n_held + 2}")
     perm = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     return perm[n_held:].sort().values, perm[:n_held].sort().values
+
+def data_split(cfg: dict, got) -> tuple:
+    "(train, held-out) indices of what `examples` read: the crops' bands, else split_indices."
+    if getattr(got, 'held', None) is not None:
+        return tuple(torch.from_numpy(np.flatnonzero(m)) for m in (~got.held, got.held))
+    n = len(got.images) if hasattr(got, 'images') else len(got.values)
+    return split_indices(n, cfg['heldout'], cfg['split_seed'])
 
 def files_hash(files) -> str:
     "sha256 over the names and sizes of `files`, in order."
@@ -369,8 +443,9 @@ def _check_bits(table: Table, path):
 
 def examples(kind: str, cfg: dict):
     "All examples of cfg['data'] as read: uint8 images (N, C, S, S) or a float64 table (N, D)."
+    crops = (cfg.get('crops', 0), cfg['heldout'], cfg['split_seed']) if cfg.get('crops') else (0,)
     got = read_data(kind, cfg['data'], cfg.get('size', 0), cfg.get('channels', 0),
-                    cfg.get('skip_bad', False))
+                    cfg.get('skip_bad', False), crops)
     if kind == 'images': return got.images, got
     if kind == 'bits': _check_bits(got, cfg['data'])
     return got.values, got
@@ -379,7 +454,7 @@ def examples(kind: str, cfg: dict):
 def data_facts(kind: str, cfg: dict) -> dict:
     "What the data decide (training split): dims, column scales, p, size, channels, scaler."
     x, got = examples(kind, cfg)
-    try: train, _ = split_indices(len(x), cfg['heldout'], cfg['split_seed'])
+    try: train, _ = data_split(cfg, got)
     except DataError as e: raise DataError(f"{cfg['data']}: {e}") from None
     xt = x[train.numpy()]
     facts = dict(n_examples=len(x), dims=int(np.prod(x.shape[1:])))
@@ -459,7 +534,7 @@ _CONFIGS = dict(
     points=_COMMON | dict(T=40, beta_1=1e-3, learn_schedule=True, width=128, depth=3,
                           n_bumps=10, names=[], column_shift=[], column_scale=[]),
     bits=_COMMON | dict(T=200, width=128, depth=3, n_bumps=20, names=[], p=0.5),
-    images=_COMMON | dict(size=0, channels=0, T=100, beta_1=1e-3, learn_schedule=False,
+    images=_COMMON | dict(size=0, channels=0, crops=0, T=100, beta_1=1e-3, learn_schedule=False,
                           schedule_bumps=10, variant='reference', n_scales=3, conv_channels=32,
                           conv_layers=3, kernel_size=3, hidden_1x1=32, layers_1x1=2, n_bumps=10,
                           linear_path=False,
@@ -513,23 +588,27 @@ def _build(kind: str, cfg: dict):
 
 def _data(kind: str, cfg: dict, seed: int) -> tuple:
     "(train, held-out) in the model's units; images dequantized from `seed` (eq-data-dequant)."
-    x, _ = examples(kind, cfg)
-    parts = split_indices(len(x), cfg['heldout'], cfg['split_seed'])
+    x, got = examples(kind, cfg)
+    parts = data_split(cfg, got)
     gens = [torch.Generator().manual_seed(40_000 + 2 * seed + i) for i in (0, 1)]
     return tuple(to_model_units(kind, cfg, x[idx.numpy()], g) for idx, g in zip(parts, gens))
 
 # %% ../nbs/15c_own_data.ipynb #occa3512
 def describe_choices(kind: str, cfg: dict) -> str:
     "The one line that says what the data decided and which defaults follow."
-    n_held = max(2, round(cfg['heldout'] * cfg['n_examples']))
+    crops, n_held = cfg.get('crops', 0), max(2, round(cfg['heldout'] * cfg['n_examples']))
+    if crops: n_held = cfg['n_examples'] // (crops + held_crops(crops, cfg['heldout'])) * \
+            held_crops(crops, cfg['heldout'])
     split = (f"{cfg['n_examples']:,} examples, {n_held:,} held out (split_seed "
              f"{cfg['split_seed']})")
     train = f"T={cfg['T']}, {cfg['steps']:,} steps of {cfg['batch_size']}"
     if kind == 'images':
         net = (f"multi-scale conv net {cfg['n_scales']} scales x {cfg['conv_channels']} channels "
                f"x {cfg['conv_layers']} layers" + (", linear path" if cfg['linear_path'] else ''))
-        return (f"{split}; {cfg['channels']} channel(s), each image centre-cropped and resized "
-                f"to {cfg['size']} x {cfg['size']}; {net}; {train}")
+        how = (f"{crops} random crops of {cfg['size']} x {cfg['size']} from each image, held-out "
+               f"crops from its bottom band" if crops else f"each image centre-cropped and resized "
+               f"to {cfg['size']} x {cfg['size']}")
+        return f"{split}; {cfg['channels']} channel(s), {how}; {net}; {train}"
     net = f"MLP {cfg['depth']} x {cfg['width']}"
     what = (f"D={cfg['dims']}, columns standardised" if kind == 'points' else
             f"D={cfg['dims']} bits, binomial diffusion to Bernoulli({cfg['p']})")
@@ -541,10 +620,9 @@ def _records(kind: str, cfg: dict, seed: int) -> list:
     x, got = examples(kind, cfg)
     files = got.files if kind == 'images' else [Path(cfg['data'])]
     out = []
-    for split, idx in zip(('train', 'heldout'), split_indices(len(x), cfg['heldout'],
-                                                             cfg['split_seed'])):
+    for split, idx in zip(('train', 'heldout'), data_split(cfg, got)):
         idx = idx.numpy()
-        part = [files[i] for i in idx] if kind == 'images' else files
+        part = [files[j] for j in sorted(set(got.origin[idx]))] if kind == 'images' else files
         out.append(dict(name=f"{kind} {Path(cfg['data']).name}", source=str(cfg['data']),
                         licence="the user's", n=len(idx), split=split,
                         checksum=data_checksum(x[idx]), files_sha256=files_hash(part),
@@ -753,8 +831,8 @@ def _fitted(self: DiffusionModel):
 def heldout(self: DiffusionModel) -> np.ndarray:
     "The held-out examples of the model's data, in the user's units (images: uint8 levels)."
     self._fitted()
-    x, _ = examples(self.kind, self.cfg)
-    return x[split_indices(len(x), self.cfg['heldout'], self.cfg['split_seed'])[1].numpy()]
+    x, got = examples(self.kind, self.cfg)
+    return x[data_split(self.cfg, got)[1].numpy()]
 
 @patch
 def evaluate(self: DiffusionModel) -> dict:
@@ -819,7 +897,7 @@ def model_images(paths, cfg: dict) -> tuple:
             if min(im.size) < S:
                 raise DataError(f"{p} is {im.width} x {im.height} pixels, smaller than the "
                                 f"model's {S} x {S}")
-    return np.stack([load_image(p, S, C) for p in files]), files
+    return np.stack([load_image(p, S, C, not cfg.get('crops')) for p in files]), files
 
 # %% ../nbs/15c_own_data.ipynb #oc667be5
 @patch
@@ -1002,8 +1080,8 @@ def cmd_score(args):
         x = m._user_examples(args.paths); names = [f'row {i + 1}' for i in range(len(x))]
     else:
         x, got = examples(kind, cfg)
-        names = got.files if kind == 'images' else [f'row {i + 1}' for i in range(len(x))]
-        held = set(split_indices(len(x), cfg['heldout'], cfg['split_seed'])[1].tolist())
+        names = got.names() if kind == 'images' else [f'row {i + 1}' for i in range(len(x))]
+        held = set(data_split(cfg, got)[1].tolist())
         split = ['heldout' if i in held else 'train' for i in range(len(x))]
     k = m.score_samples(x, seed=args.seed)
     cols = [k, k / LN2 / cfg['dims']] + (list(m.score_samples(x, args.iw, args.seed, True))

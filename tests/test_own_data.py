@@ -387,3 +387,42 @@ def test_fit_or_load_reads_its_record_while_the_key_matches(tmp_path, monkeypatc
     read, where_read = own_data.recorded(again, 's', study, n=10)
     assert not where['read'] and where_read['read'] and read == made
     assert not own_data.recorded(again, 's', study, n=11)[1]['read']   # other settings: computed
+
+
+# --- texture crops ---
+
+def stripe_folder(root: Path, n=2, h=100, w=48) -> Path:
+    "Grey images whose pixel value is its row: a crop's values tell where it was cut."
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(n):
+        Image.fromarray(np.arange(h, dtype=np.uint8)[:, None].repeat(w, 1), 'L').save(root / f'{i}.png')
+    return root
+
+
+def test_texture_crops_split_by_band_never_overlap(tmp_path):
+    folder = stripe_folder(tmp_path / 'tex')
+    got = read_images(folder, size=16, crops=30, heldout=0.1, seed=3)
+    assert got.images.shape == (2 * (30 + own_data.held_crops(30, 0.1)), 1, 16, 16)
+    cfg = dict(heldout=0.1, split_seed=3)
+    train, held = own_data.data_split(cfg, got)
+    assert len(held) == 2 * own_data.held_crops(30, 0.1) and len(train) == 60
+    assert got.images[train.numpy()].max() < 100 - 16 <= got.images[held.numpy()].min()
+    assert sorted(set(got.origin[held.numpy()])) == [0, 1]            # each image gives to both
+    again = read_images(folder, size=16, crops=30, heldout=0.1, seed=3)
+    assert np.array_equal(got.images, again.images)                   # fixed by the seed
+    assert not np.array_equal(got.images, read_images(folder, size=16, crops=30, seed=4).images)
+    assert got.names()[0].endswith('0.png crop 1')
+
+
+def test_texture_crops_through_the_cli(tmp_path, capsys):
+    folder, out = stripe_folder(tmp_path / 'tex', n=2, h=120, w=64), tmp_path / 'run'
+    main(['train', 'images', '--data', str(folder), '--small', '--set', 'crops=12', '--set',
+          'size=16', '--out', str(out), *QUICK])
+    line = [l for l in capsys.readouterr().out.splitlines() if 'choices' in l][0]
+    assert '12 random crops of 16 x 16' in line and '4 held out' in line, line
+    main(['score', str(out), str(folder / '0.png'), '--csv', str(tmp_path / 's.csv')])
+    model = DiffusionModel.load(out)
+    x, _ = own_data.model_images([folder / '0.png'], model.cfg)       # the centre crop, not resized
+    assert x.shape == (1, 1, 16, 16) and x.min() == (120 - 16) // 2 and x.max() == (120 + 16) // 2 - 1
+    refused(['train', 'images', '--data', str(folder), '--small', '--set', 'crops=12', '--set',
+             'size=64', '--out', str(tmp_path / 'run2'), *QUICK], tmp_path / 'run2', 'crops of 64 x 64')
