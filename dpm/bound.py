@@ -112,9 +112,10 @@ def _reverse_by_step(reverse, xt, t, runs: int = 1):
     outs = [reverse(x, s) for x, s in zip(xt.chunk(runs), t.chunk(runs))]   # equal runs
     return cat_kernels(outs)
 
-def kl_terms(d: Diffusion, reverse, x0, t, noise=None, runs: int = 1):
-    "$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, steps t >= 2, one $x_t$ each (eq-k-general)."
-    xt = d.draw(d.marginal(x0, t), noise)                          # $x_t \sim q(x_t | x_0)$
+def kl_terms(d: Diffusion, reverse, x0, t, noise=None, runs: int = 1, xt=None):
+    """$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, steps t >= 2, one $x_t$ each (eq-k-general);
+    `xt`: that draw of $q(x_t | x_0)$ instead of a new one."""
+    if xt is None: xt = d.draw(d.marginal(x0, t), noise)          # $x_t \sim q(x_t | x_0)$
     p = d.check_reverse(_reverse_by_step(reverse, xt, t, runs), xt)
     return d.kl(d.posterior(x0, xt, t), p)
 
@@ -130,12 +131,13 @@ def bound_terms(self: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1
     kls = x0.new_zeros(B, max(T - 1, 0))
     rows = max(1, chunk // max(1, x0[:1].numel()))
     for _ in range(n_samples if B > 0 and T > 1 else 0):       # nothing to sample otherwise
-        for r in range(0, B, rows):                              # blocks of rows
-            xb = x0[r:r + rows]; b = len(xb)
-            for ts in torch.arange(2, T + 1, device=x0.device).split(max(1, rows // b)):
-                x0r = xb.repeat(len(ts), *([1] * (x0.ndim - 1)))
-                kls[r:r + b, ts - 2] += kl_terms(self, reverse, x0r, ts.repeat_interleave(b),
-                                                 runs=len(ts)).view(len(ts), b).T
+        for ts in torch.arange(2, T + 1, device=x0.device).split(max(1, rows // B)):
+            k = len(ts)
+            x0r, tr = x0.repeat(k, *([1] * (x0.ndim - 1))), ts.repeat_interleave(B)
+            xt = self.draw(self.marginal(x0r, tr))     # every row at once: blocks draw the same
+            kl = torch.cat([kl_terms(self, reverse, x0r[r:r + rows], tr[r:r + rows], runs=k,
+                                     xt=xt[r:r + rows]) for r in range(0, k * B, rows)])
+            kls[:, ts - 2] += kl.view(k, B).T
     return prior_term(self, x0), first_step_term(self, x0), kls / n_samples
 
 @patch
