@@ -426,3 +426,22 @@ def test_texture_crops_through_the_cli(tmp_path, capsys):
     assert x.shape == (1, 1, 16, 16) and x.min() == (120 - 16) // 2 and x.max() == (120 + 16) // 2 - 1
     refused(['train', 'images', '--data', str(folder), '--small', '--set', 'crops=12', '--set',
              'size=64', '--out', str(tmp_path / 'run2'), *QUICK], tmp_path / 'run2', 'crops of 64 x 64')
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason='torch.distributed missing')
+def test_own_points_train_on_two_processes(tmp_path):
+    """`torchrun -m dpm train points --data`: the same data split and choices on each rank, one
+    model written, which `dpm evaluate` then reads."""
+    import subprocess, sys
+    from hostile_helpers import ENV, ROOT
+    data, out = tmp_path / 'pts.csv', tmp_path / 'run'
+    np.savetxt(data, moons(300), delimiter=',', header='a,b', comments='')
+    r = subprocess.run([sys.executable, '-m', 'torch.distributed.run', '--standalone',
+                        '--nproc_per_node=2', '-m', 'dpm', 'train', 'points', '--data', str(data),
+                        '--out', str(out), *QUICK], cwd=ROOT, env=ENV, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '2 process(es)' in r.stdout and (out / 'model.pt').exists(), r.stdout[-1000:]
+    assert r.stdout.count('data: choices:') == 1, r.stdout                # rank 0 speaks
+    main(['evaluate', 'points', '--out', str(out)])
+    assert (out / 'record.json').exists()
