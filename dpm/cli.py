@@ -408,7 +408,7 @@ def _stopped(args, signum):
     "The line of a run ended by SIGINT or SIGTERM (under torchrun: another rank may have failed)."
     rank, n = _ranks()
     if n > 1 and signum == signal.SIGTERM and (absent := _absent_ranks()):
-        lost = ', '.join(f'rank {r}' for r in absent)   # the SIGTERM came before a collective failed
+        lost = ', '.join(f'rank {r}' for r in absent)   # SIGTERM before a collective failed
         verb = 'was' if len(absent) == 1 else 'were'
         return _interrupted(args, f'{lost} of the {n} processes {verb} lost (torchrun then '
                                   f'stopped rank {rank} with SIGTERM)')

@@ -240,6 +240,7 @@ def by_rule(im: Image.Image, size: int, channels: int, resize: bool = True) -> n
     a = np.asarray(im, dtype=np.uint8)
     return a[None] if channels == 1 else a.transpose(2, 0, 1)
 
+# %% ../nbs/15c_own_data.ipynb #ocb3f0c8
 def decoded(path, im: Image.Image = None) -> Image.Image:
     "The image at `path` (or `im`, opened from it) decoded, header checked, its file closed."
     im = im or open_image(path)
@@ -319,8 +320,9 @@ def texture_crops(a: np.ndarray, size: int, crops: int, heldout: float, rng, pat
     H, W = a.shape[1:]
     band = max(size, math.ceil(heldout * H))
     if W < size or H - band < size:
-        raise DataError(f"{path} is {W} x {H} pixels: crops of {size} x {size} with a held-out band "
-                        f"of {band} rows need {size} x {band + size} at least (set a smaller size)")
+        raise DataError(f"{path} is {W} x {H} pixels: crops of {size} x {size} with a held-out "
+                        f"band of {band} rows need {size} x {band + size} at least (set a smaller "
+                        f"size)")
     def cut(top, bottom, n):
         ys, xs = rng.integers(top, bottom - size + 1, n), rng.integers(0, W - size + 1, n)
         return np.stack([a[:, y:y + size, x:x + size] for y, x in zip(ys, xs)])
@@ -355,6 +357,7 @@ def _crops_of_all(files, first, size: int, channels: int, crops: int, heldout: f
         held += [False] * crops + [True] * (n_each - crops)
     return np.concatenate(out), np.array(origin), np.array(held), kept, skipped
 
+# %% ../nbs/15c_own_data.ipynb #oc4d134c
 def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False, crops: int = 0,
                 heldout: float = 0.1, seed: int = 0) -> ImageFolder:
     """The images under `folder` by the size rule (with `crops`, that many training crops of each
@@ -366,8 +369,9 @@ def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False
     channels, size = channels or (3 if colour else 1), size or auto_size(info, files)
     n_each = crops + held_crops(crops, heldout) if crops else 1
     if len(files) * n_each * channels * size * size > IMAGES_MAX_BYTES:
-        raise DataError(f"{folder}: {len(files) * n_each:,} images of {channels} x {size} x {size} "
-                        f"need more than {IMAGES_MAX_BYTES >> 20:,} MiB; use fewer or a smaller size")
+        raise DataError(f"{folder}: {len(files) * n_each:,} images of {channels} x {size} x "
+                        f"{size} need more than {IMAGES_MAX_BYTES >> 20:,} MiB; use fewer or a "
+                        f"smaller size")
     if crops:
         out, origin, held, kept, skipped2 = _crops_of_all(files, first, size, channels, crops,
                                                           heldout, seed, skip_bad)
