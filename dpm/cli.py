@@ -389,33 +389,39 @@ def _peer_lost(e: BaseException, args):
     return _interrupted(args, f'{lost} of the {n} processes was lost (its connection closed)')
 
 # %% ../nbs/06_cli.ipynb #58006522
-def _absent_ranks() -> list:
-    "Ranks of this torchrun run no longer beside this process (read from /proc; [] when unknown)."
-    run, n, found = os.environ.get('TORCHELASTIC_RUN_ID'), _ranks()[1], set()
-    if run is None or not Path('/proc/self/environ').exists(): return []
-    for p in Path('/proc').iterdir():
+def _torchrun_ranks(agent: int, run: str = None) -> dict:
+    "RANK -> pid of the processes a torchrun agent started (`run`: of that run only), from /proc."
+    found = {}
+    for p in Path('/proc').iterdir() if Path('/proc/self/environ').exists() else ():
         try:
             stat = (p / 'stat').read_text().rsplit(')', 1)[1].split() if p.name.isdigit() else ()
-            if not stat or int(stat[1]) != os.getppid(): continue
+            if not stat or int(stat[1]) != agent: continue
             env = dict(kv.split('=', 1) for kv in (p / 'environ').read_bytes().decode(
                 errors='replace').split('\0') if '=' in kv)
         except (OSError, ValueError, IndexError): continue
-        if env.get('TORCHELASTIC_RUN_ID') == run and env.get('RANK', '').isdigit():
-            found.add(int(env['RANK']))
-    return [r for r in range(n) if r not in found] if found else []
+        if env.get('RANK', '').isdigit() and 'TORCHELASTIC_RUN_ID' in env \
+                and run in (None, env['TORCHELASTIC_RUN_ID']):
+            found[int(env['RANK'])] = int(p.name)
+    return found
 
+def _absent_ranks() -> list:
+    "Ranks of this torchrun run no longer beside this process (read from /proc; [] when unknown)."
+    run = os.environ.get('TORCHELASTIC_RUN_ID')
+    found = _torchrun_ranks(os.getppid(), run) if run else {}
+    return [r for r in range(_ranks()[1]) if r not in found] if found else []
+
+# %% ../nbs/06_cli.ipynb #58006523
 def _stopped(args, signum):
     "The line of a run ended by SIGINT or SIGTERM (under torchrun: another rank may have failed)."
     rank, n = _ranks()
-    if n > 1 and signum == signal.SIGTERM and (absent := _absent_ranks()):
-        lost = ', '.join(f'rank {r}' for r in absent)   # SIGTERM before a collective failed
+    if n <= 1 or signum != signal.SIGTERM: return _interrupted(args)
+    if absent := _absent_ranks():                    # the SIGTERM came before a collective failed
+        lost = ', '.join(f'rank {r}' for r in absent)
         verb = 'was' if len(absent) == 1 else 'were'
         return _interrupted(args, f'{lost} of the {n} processes {verb} lost (torchrun then '
                                   f'stopped rank {rank} with SIGTERM)')
-    if n > 1 and signum == signal.SIGTERM:
-        return _interrupted(args, f'rank {rank} stopped by SIGTERM (torchrun stops every process '
-                                  f'when one of them ends)')
-    return _interrupted(args)
+    return _interrupted(args, f'rank {rank} stopped by SIGTERM (torchrun stops every process '
+                              f'when one of them ends)')
 
 # %% ../nbs/06_cli.ipynb #e7a1c060
 def user_caused(e: BaseException) -> bool:

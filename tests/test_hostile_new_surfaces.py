@@ -415,17 +415,8 @@ def test_list_and_worker_name_the_locked_jobs(tmp_path):
 # 7. a lost peer under torchrun (gloo, CPU) -----------------------------------------------------------
 def rank_pids(agent: int) -> dict:
     "RANK -> pid of the worker processes under a torchrun agent (read from /proc)."
-    found = {}
-    for p in Path('/proc').iterdir():
-        if not p.name.isdigit(): continue
-        try:
-            env = dict(kv.split('=', 1) for kv in (p / 'environ').read_bytes().decode(
-                errors='replace').split('\0') if '=' in kv)
-            stat = (p / 'stat').read_text().rsplit(')', 1)[1].split()
-        except OSError: continue
-        if int(stat[1]) == agent and 'RANK' in env and 'TORCHELASTIC_RUN_ID' in env:
-            found[int(env['RANK'])] = int(p.name)
-    return found
+    from dpm.cli import _torchrun_ranks
+    return _torchrun_ranks(agent)
 
 
 @pytest.mark.skipif(not torch.distributed.is_available() or not Path('/proc/self/environ').exists(),
