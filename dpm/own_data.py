@@ -4,10 +4,10 @@
 __all__ = ['TABLE_SUFFIXES', 'TABLE_MAX_BYTES', 'TABLE_MAX_VALUES', 'IMAGE_MAX_PIXELS', 'IMAGES_MAX_BYTES', 'GREY_MODES',
            'MAX_SIZE', 'DECODED_MAX_BYTES', 'KINDS', 'IMAGES', 'POINTS', 'BITS', 'EXPERIMENTS', 'Table', 'read_table',
            'image_suffixes', 'image_files', 'BadImage', 'open_image', 'upright', 'by_rule', 'decoded', 'load_image',
-           'ImageFolder', 'auto_size', 'held_crops', 'texture_crops', 'read_images', 'read_data', 'split_indices',
-           'data_split', 'files_hash', 'examples', 'data_facts', 'to_model_units', 'to_user_units', 'log_jacobian',
-           'data_defaults', 'OwnData', 'describe_choices', 'per_example_bound', 'baseline_log_prob', 'plot_beside',
-           'plt_subplots', 'DiffusionModel', 'model_record', 'fit_or_load', 'recorded', 'model_images',
+           'ImageFolder', 'auto_size', 'held_crops', 'texture_crops', 'read_images', 'read_data', 'n_heldout',
+           'split_indices', 'data_split', 'files_hash', 'examples', 'data_facts', 'to_model_units', 'to_user_units',
+           'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices', 'per_example_bound', 'baseline_log_prob',
+           'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_record', 'fit_or_load', 'recorded', 'model_images',
            'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
 
 # %% ../nbs/15c_own_data.ipynb #ocda4b92
@@ -224,21 +224,23 @@ def _may_be_rotated(im: Image.Image) -> bool:
     "Whether a decoded image carries an orientation: EXIF or XMP data, or a TIFF's own tags."
     return bool({'exif', 'xmp', 'XML:com.adobe.xmp'} & set(im.info)) or im.format in ('TIFF', 'MPO')
 
-def upright(im: Image.Image, channels: int) -> np.ndarray:
-    "A decoded image rotated as its EXIF orientation says, 8-bit; uint8 (C, H, W)."
+def _channels_first(im: Image.Image) -> np.ndarray:
+    "An 8-bit L or RGB image as uint8 (C, H, W)."
+    a = np.asarray(im, dtype=np.uint8)
+    return a[None] if a.ndim == 2 else a.transpose(2, 0, 1)
+
+def upright(im: Image.Image, channels: int) -> Image.Image:
+    "A decoded image rotated as its EXIF orientation says, 8-bit L (channels 1) or RGB."
     if _may_be_rotated(im): ImageOps.exif_transpose(im, in_place=True)
-    a = np.asarray(_eight_bit(im, channels), dtype=np.uint8)
-    return a[None] if channels == 1 else a.transpose(2, 0, 1)
+    return _eight_bit(im, channels)
 
 def by_rule(im: Image.Image, size: int, channels: int, resize: bool = True) -> np.ndarray:
-    "A decoded image by the size rule: EXIF-rotated, centre-cropped, resized; uint8 (C, S, S)."
-    if not resize:                                   # a texture's centre crop at its resolution
-        a = upright(im, channels); y, x = (a.shape[1] - size) // 2, (a.shape[2] - size) // 2
-        return np.ascontiguousarray(a[:, y:y + size, x:x + size])
-    if _may_be_rotated(im): ImageOps.exif_transpose(im, in_place=True)
-    im = ImageOps.fit(_eight_bit(im, channels), (size, size), Image.Resampling.LANCZOS)
-    a = np.asarray(im, dtype=np.uint8)
-    return a[None] if channels == 1 else a.transpose(2, 0, 1)
+    """A decoded image by the size rule: EXIF-rotated, centre-cropped, resized (or, `resize=False`,
+    a texture's centre crop at its own resolution); uint8 (C, S, S)."""
+    im = upright(im, channels)
+    if resize: return _channels_first(ImageOps.fit(im, (size, size), Image.Resampling.LANCZOS))
+    a = _channels_first(im); y, x = (a.shape[1] - size) // 2, (a.shape[2] - size) // 2
+    return np.ascontiguousarray(a[:, y:y + size, x:x + size])
 
 # %% ../nbs/15c_own_data.ipynb #ocb3f0c8
 def decoded(path, im: Image.Image = None) -> Image.Image:
@@ -274,10 +276,9 @@ class ImageFolder:
     def names(self) -> list:
         "A name per image: its file, and with crops the crop's number in that file."
         if self.held is None: return [str(self.files[j]) for j in self.origin]
-        seen = np.zeros(len(self.files), int)
-        out = []
-        for j in self.origin: out.append(f'{self.files[j]} crop {seen[j] + 1}'); seen[j] += 1
-        return out
+        first = np.searchsorted(self.origin, self.origin)           # a file's crops are adjacent
+        return [f'{self.files[j]} crop {i - f + 1}' for i, (j, f) in enumerate(zip(self.origin,
+                                                                                  first))]
 
 # %% ../nbs/15c_own_data.ipynb #oc1f2e3a
 DECODED_MAX_BYTES = 1 << 28             # decoded images kept between the passes: 256 MiB
@@ -344,18 +345,17 @@ def _resized_all(files, first, size: int, channels: int, skip_bad: bool) -> tupl
 def _crops_of_all(files, first, size: int, channels: int, crops: int, heldout: float,
                   seed: int, skip_bad: bool) -> tuple:
     "(crops, origin, held, kept files, skipped files) of every image, by texture_crops."
-    n_each = crops + held_crops(crops, heldout)
-    out, origin, held, kept, skipped = [], [], [], [], []
+    out, kept, skipped = [], [], []
     for i, (p, im) in enumerate(zip(files, first)):
-        try: a = upright(im if im is not None else decoded(p), channels)
+        try: a = _channels_first(upright(im if im is not None else decoded(p), channels))
         except BadImage:
             if not skip_bad: raise
             skipped.append(p); continue
         rng = np.random.default_rng([seed, i])          # the i-th image's own stream
-        parts = texture_crops(a, size, crops, heldout, rng, p)
-        out += parts; origin += [len(kept)] * n_each; kept.append(p)
-        held += [False] * crops + [True] * (n_each - crops)
-    return np.concatenate(out), np.array(origin), np.array(held), kept, skipped
+        out += texture_crops(a, size, crops, heldout, rng, p); kept.append(p)
+    n_each, per_image = crops + held_crops(crops, heldout), [False] * crops   # training first
+    held = np.tile(per_image + [True] * (n_each - crops), len(kept))
+    return np.concatenate(out), np.repeat(np.arange(len(kept)), n_each), held, kept, skipped
 
 # %% ../nbs/15c_own_data.ipynb #oc4d134c
 def read_images(folder, size: int = 0, channels: int = 0, skip_bad: bool = False, crops: int = 0,
@@ -413,9 +413,13 @@ def read_data(kind: str, path, size: int = 0, channels: int = 0, skip_bad: bool 
     return got
 
 # %% ../nbs/15c_own_data.ipynb #oc0a57cb
+def n_heldout(n: int, heldout: float) -> int:
+    "Examples held out of n: the fraction `heldout`, at least 2 (a standard error needs two)."
+    return max(2, round(heldout * n))
+
 def split_indices(n: int, heldout: float, seed: int) -> tuple:
     "(train, held-out) indices of n examples, sorted; the held-out fraction drawn from `seed`."
-    n_held = max(2, round(heldout * n))
+    n_held = n_heldout(n, heldout)
     if n - n_held < 2:
         raise DataError(f"{n} example(s) are too few: the held-out split ({heldout:.0%}, at least "
                         f"2) and training (at least 2) need {n_held + 2}")
@@ -512,7 +516,7 @@ def _scales(size: int) -> int:
 
 def data_defaults(kind: str, facts: dict, small: bool) -> dict:
     "Model and training settings chosen from the data's shape and size and the build's scale."
-    n_train = facts['n_examples'] - max(2, round(0.1 * facts['n_examples']))
+    n_train = facts['n_examples'] - n_heldout(facts['n_examples'], 0.1)
     s = lambda full, little: little if small else full
     common = dict(lr_final=0.05, optimizer='adam', ema=s(0.999, 0.9), checkpoint_every=500,
                   eval_every=s(1000, 0), eval_size=s(500, 100), n_eval=s(1000, 200))
@@ -601,9 +605,9 @@ def _data(kind: str, cfg: dict, seed: int) -> tuple:
 # %% ../nbs/15c_own_data.ipynb #occa3512
 def describe_choices(kind: str, cfg: dict) -> str:
     "The one line that says what the data decided and which defaults follow."
-    crops, n_held = cfg.get('crops', 0), max(2, round(cfg['heldout'] * cfg['n_examples']))
-    if crops: n_held = cfg['n_examples'] // (crops + held_crops(crops, cfg['heldout'])) * \
-            held_crops(crops, cfg['heldout'])
+    crops, per_image = cfg.get('crops', 0), held_crops(cfg.get('crops', 0), cfg['heldout'])
+    n_held = (cfg['n_examples'] // (crops + per_image) * per_image if crops else
+              n_heldout(cfg['n_examples'], cfg['heldout']))
     split = (f"{cfg['n_examples']:,} examples, {n_held:,} held out (split_seed "
              f"{cfg['split_seed']})")
     train = f"T={cfg['T']}, {cfg['steps']:,} steps of {cfg['batch_size']}"
