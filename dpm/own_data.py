@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from PIL import Image, ImageOps, UnidentifiedImageError
 from .config import small_scale
-from .settings import DpmError, DataError, ConfigError, check_config, short
+from .settings import DpmError, DataError, ConfigError, Key, check_config, short
 from .files import atomic_write, write_json, open_regular, check_out_dir
 from .checkpoints import CheckpointError
 from .diffusion import GaussianDiffusion, BinomialDiffusion, binomial_schedule, LN2
@@ -29,8 +29,8 @@ from .experiments import (Experiment, run, model_from, save_model, repo_root, st
 from .swiss_roll import geometric_schedule
 from .posterior import inpaint as posterior_inpaint, denoise as posterior_denoise
 from .baselines import fit_gaussian, gaussian_log_prob, paired, grouped_se
-from .image_network import (ImageReverse, image_diffusion, network_kwargs, keep_scaler,
-                               linear_path)
+from .image_network import (ImageReverse, PATHWAYS, image_diffusion, network_kwargs,
+                               keep_scaler, linear_path)
 from .data import Scaler, data_checksum, nll_bits_per_dim_8bit
 from .dead_leaves import dequantize
 
@@ -514,9 +514,9 @@ def _scales(size: int) -> int:
     "Multi-scale levels a size allows: at most 3, each halving must divide it."
     return max(k for k in (1, 2, 3) if size % 2 ** (k - 1) == 0)
 
-def data_defaults(kind: str, facts: dict, small: bool) -> dict:
+def data_defaults(kind: str, facts: dict, small: bool, heldout: float = 0.1) -> dict:
     "Model and training settings chosen from the data's shape and size and the build's scale."
-    n_train = facts['n_examples'] - n_heldout(facts['n_examples'], 0.1)
+    n_train = facts['n_examples'] - n_heldout(facts['n_examples'], heldout)
     s = lambda full, little: little if small else full
     common = dict(lr_final=0.05, optimizer='adam', ema=s(0.999, 0.9), checkpoint_every=500,
                   eval_every=s(1000, 0), eval_size=s(500, 100), n_eval=s(1000, 200))
@@ -546,7 +546,8 @@ _CONFIGS = dict(
     images=_COMMON | dict(size=0, channels=0, crops=0, T=100, beta_1=1e-3, learn_schedule=False,
                           schedule_bumps=10, variant='reference', n_scales=3, conv_channels=32,
                           conv_layers=3, kernel_size=3, hidden_1x1=32, layers_1x1=2, n_bumps=10,
-                          linear_path=False,
+                          linear_path=False, pathway='conv', dense_hidden=256, dense_layers=4,
+                          dense_channels=8, pixel_input=False,
                           scaler_shift=0.5, scaler_scale=1.0))
 _FACT_KEYS = ('n_examples', 'dims', 'names', 'column_shift', 'column_scale', 'p', 'scaler_shift',
               'scaler_scale')
@@ -570,8 +571,8 @@ class OwnData(Experiment):
         check_config({**base, **o}, self.schema())          # the user's values, before reading
         if not 0 < o.get('heldout', base['heldout']) < 1:
             raise ConfigError(f"heldout must lie in (0, 1), got {o['heldout']}")
-        facts = data_facts(self.kind, {**base, **o})
-        cfg = {**base, **data_defaults(self.kind, facts, small_scale()), **o, **facts}
+        facts, heldout = data_facts(self.kind, {**base, **o}), o.get('heldout', base['heldout'])
+        cfg = {**base, **data_defaults(self.kind, facts, small_scale(), heldout), **o, **facts}
         check_config(cfg, self.schema())
         return cfg
 
@@ -592,7 +593,8 @@ def _build(kind: str, cfg: dict):
     d = keep_scaler(image_diffusion(cfg), cfg['scaler_shift'], cfg['scaler_scale'])
     shape = (cfg['channels'], cfg['size'], cfg['size'])
     train = lambda: _data(kind, cfg, cfg.get('seed', 0))[0]            # eq-net-residual's fit
-    return d, ImageReverse(d, shape, pathway='conv', **network_kwargs(cfg, 'conv'),
+    path = cfg.get('pathway', 'conv')                                 # eq-net-dense or conv
+    return d, ImageReverse(d, shape, pathway=path, **network_kwargs(cfg, path),
                            linear=linear_path(cfg, d, shape, train))
 
 def _data(kind: str, cfg: dict, seed: int) -> tuple:
@@ -603,6 +605,14 @@ def _data(kind: str, cfg: dict, seed: int) -> tuple:
     return tuple(to_model_units(kind, cfg, x[idx.numpy()], g) for idx, g in zip(parts, gens))
 
 # %% ../nbs/15c_own_data.ipynb #occa3512
+def _network_words(cfg: dict) -> list:
+    "The image network's pathways in words, as describe_choices says them."
+    path = cfg.get('pathway', 'conv')
+    conv = (f"multi-scale conv net {cfg['n_scales']} scales x {cfg['conv_channels']} channels "
+            f"x {cfg['conv_layers']} layers")
+    dense = f"dense pathway {cfg['dense_layers']} x {cfg['dense_hidden']}"
+    return [w for p, w in (('conv', conv), ('dense', dense)) if path in (p, 'both')]
+
 def describe_choices(kind: str, cfg: dict) -> str:
     "The one line that says what the data decided and which defaults follow."
     crops, per_image = cfg.get('crops', 0), held_crops(cfg.get('crops', 0), cfg['heldout'])
@@ -612,8 +622,7 @@ def describe_choices(kind: str, cfg: dict) -> str:
              f"{cfg['split_seed']})")
     train = f"T={cfg['T']}, {cfg['steps']:,} steps of {cfg['batch_size']}"
     if kind == 'images':
-        net = (f"multi-scale conv net {cfg['n_scales']} scales x {cfg['conv_channels']} channels "
-               f"x {cfg['conv_layers']} layers" + (", linear path" if cfg['linear_path'] else ''))
+        net = ' + '.join(_network_words(cfg)) + (", linear path" if cfg['linear_path'] else '')
         how = (f"{crops} random crops of {cfg['size']} x {cfg['size']} from each image, held-out "
                f"crops from its bottom band" if crops else f"each image centre-cropped and resized "
                f"to {cfg['size']} x {cfg['size']}")
@@ -749,9 +758,10 @@ def _figures(kind: str, d, reverse, cfg: dict, heldout) -> dict:
 def _experiment(kind: str, description: str) -> OwnData:
     "The own-data experiment of `kind`, its hooks bound to the kind."
     bind = lambda f: functools.wraps(f)(functools.partial(f, kind))
+    keys = dict(pathway=Key(str, choices=PATHWAYS)) if kind == 'images' else {}
     return OwnData(kind, description, bind(_build), bind(_data), _CONFIGS[kind],
                    evaluate=bind(_evaluate), figures=bind(_figures), records=bind(_records),
-                   kind=kind)
+                   kind=kind, keys=keys)
 
 IMAGES = _experiment('images', 'your own images: --data FOLDER (PNG, JPEG, ...); multi-scale '
                      'conv net')

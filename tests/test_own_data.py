@@ -317,39 +317,6 @@ def test_a_bad_table_in_a_fresh_process_is_one_line(tmp_path):
     assert not (tmp_path / 'o').exists()
 
 
-def test_the_manuals_python_example_runs_as_written(tmp_path):
-    "nbs/using_dpm.md's example of DiffusionModel, in a fresh process, in a temporary folder."
-    text = (Path(__file__).resolve().parents[1] / 'nbs' / 'using_dpm.md').read_text()
-    section = text.split('## Your own data', 1)[1]
-    code = section.split('```python\n', 1)[1].split('```', 1)[0]
-    import subprocess, sys
-    from hostile_helpers import ENV
-    r = subprocess.run([sys.executable, '-c', 'import torch; torch.set_num_threads(1)\n' + code],
-                       capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    assert (tmp_path / 'ring.pt').exists()
-
-
-def test_the_readmes_own_data_commands_run(tmp_path):
-    "README.md's lines for a table of points, as written, on a small CSV (DPM_SMALL=1, few steps)."
-    import re, shlex, subprocess, sys
-    from hostile_helpers import ENV
-    readme = (Path(__file__).resolve().parents[1] / 'README.md').read_text()
-    block = readme.split('Your own data:', 1)[1].split('```bash\n', 1)[1].split('```', 1)[0]
-    lines = [l.split('#', 1)[0].strip() for l in block.splitlines()]
-    lines = [l for l in lines if l.startswith('dpm ') and 'runs/pts' in l]
-    assert len(lines) >= 3
-    np.savetxt(tmp_path / 'pts.csv', moons(300), delimiter=',', header='x1,x2', comments='')
-    for line in lines:
-        args = shlex.split(line)[1:]
-        if args[0] == 'train': args += ['--set', 'steps=20', '--set', 'T=5', '--no-progress']
-        r = subprocess.run([sys.executable, '-c', 'from dpm.cli import main; main()', *args],
-                           capture_output=True, text=True, cwd=tmp_path, env=ENV, timeout=300)
-        assert r.returncode == 0, (line, r.stderr[-1500:])
-    assert (tmp_path / 'runs' / 'pts' / 'record.json').exists()
-    assert (tmp_path / 'runs' / 'pts' / 'scores.csv').exists()
-
-
 def test_the_iw_standard_error_matches_repeated_estimates(tmp_path):
     "eq-own-iw-se: the delta-method se of log p-hat is close to the spread of independent estimates."
     from dpm.own_data import iw_log_likelihood
@@ -426,6 +393,18 @@ def test_texture_crops_through_the_cli(tmp_path, capsys):
     assert x.shape == (1, 1, 16, 16) and x.min() == (120 - 16) // 2 and x.max() == (120 + 16) // 2 - 1
     refused(['train', 'images', '--data', str(folder), '--small', '--set', 'crops=12', '--set',
              'size=64', '--out', str(tmp_path / 'run2'), *QUICK], tmp_path / 'run2', 'crops of 64 x 64')
+
+
+def test_the_dense_pathway_of_chapter_13(tmp_path, capsys):
+    "pathway=dense builds MNIST's network (eq-net-dense) on a folder; a pathway it lacks is refused."
+    folder, out = grey_folder(tmp_path / 'imgs', 30, 8), tmp_path / 'run'
+    main(['train', 'images', '--data', str(folder), '--out', str(out), '--set', 'pathway=dense',
+          '--set', 'dense_hidden=16', '--set', 'pixel_input=true', *QUICK])
+    assert 'dense pathway 4 x 16' in capsys.readouterr().out
+    model = DiffusionModel.load(out)
+    assert model.reverse.pathway == 'dense' and model.score_samples(folder).shape == (30,)
+    refused(['train', 'images', '--data', str(folder), '--out', str(tmp_path / 'run2'), '--set',
+             'pathway=dens', *QUICK], tmp_path / 'run2', "'conv', 'dense', 'both'")
 
 
 @pytest.mark.skipif(not torch.distributed.is_available(), reason='torch.distributed missing')

@@ -239,6 +239,53 @@ def test_installed_cli_evaluates_the_shipped_heartbeat(installed, tmp_path):
     assert not (out / 'model.pt').exists() and not (out / 'checkpoint.pt').exists()
 
 
+def own_data_files(folder: Path):
+    "What README's own-data lines name: pts.csv, my_images/ (8 x 8 grey), x.png, y.png, m.png."
+    import numpy as np
+    from PIL import Image
+    rng = np.random.default_rng(0)
+    t = rng.uniform(0, np.pi, 300)
+    pts = np.stack([np.cos(t) * 3 + 100, np.sin(t) * 10 - 5], 1) + 0.1 * rng.standard_normal((300, 2))
+    np.savetxt(folder / 'pts.csv', pts, delimiter=',', header='x1,x2', comments='')
+    (folder / 'my_images').mkdir()
+    for i in range(30):
+        Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(folder / 'my_images' / f'{i}.png')
+    for name in ('x.png', 'y.png'): shutil.copy(folder / 'my_images' / '0.png', folder / name)
+    mask = np.full((8, 8), 255, np.uint8); mask[2:6, 2:6] = 0
+    Image.fromarray(mask).save(folder / 'm.png')
+
+
+def test_installed_runs_the_own_data_commands_and_example(installed, tmp_path):
+    """README's own-data lines, as written (small configuration, 20 steps of T = 5 for training), and
+    nbs/using_dpm.md's Python example, from the installed wheel outside the checkout: exit 0, no
+    `dpm:` line, and what each verb writes."""
+    import re, shlex
+    wheel, site, env = installed
+    env = {**env, 'DPM_SMALL': '1'}
+    own_data_files(tmp_path)
+    block = (ROOT / 'README.md').read_text().split('Your own data:', 1)[1]
+    lines = [l.split('#', 1)[0].strip() for l in block.split('```bash\n', 1)[1].split('```', 1)[0]
+             .splitlines()]
+    lines = [l for l in lines if l.startswith('dpm ')]
+    verbs = [shlex.split(l)[1] for l in lines]
+    assert {'train', 'evaluate', 'sample', 'score', 'inpaint', 'denoise'} <= set(verbs), lines
+    for line in lines:
+        args = shlex.split(line)[1:]
+        if args[0] == 'train': args += ['--set', 'steps=20', '--set', 'T=5', '--no-progress']
+        r = subprocess.run([str(site / 'bin' / 'dpm'), *args], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and 'dpm:' not in r.stderr, (line, r.stdout[-800:], r.stderr[-1500:])
+    runs = tmp_path / 'runs'
+    for f in ('pts/record.json', 'pts/scores.csv', 'pts/samples.pt', 'img/record.json',
+              'img/inpaint.png', 'img/denoise.png'):
+        assert (runs / f).stat().st_size > 0, f
+    section = (ROOT / 'nbs' / 'using_dpm.md').read_text().split('## Your own data', 1)[1]
+    r = run_python('import torch; torch.set_num_threads(1)\n'
+                   + section.split('```python\n', 1)[1].split('```', 1)[0], tmp_path, env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert (tmp_path / 'ring.pt').exists()
+
+
 def test_installed_train_or_load_reuses_the_shipped_model(installed, tmp_path):
     """The chapters' train_or_load in an installed package: the full-scale swiss roll is loaded from
     the package, not trained (training is replaced by an error here)."""
