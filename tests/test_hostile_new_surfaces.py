@@ -440,8 +440,13 @@ def test_a_lost_peer_is_one_line_naming_it(tmp_path, victim):
         os.kill(pids[victim], signal.SIGKILL)
         t0 = time.time()
         _, err = p.communicate(timeout=60)
-    finally:
-        if p.poll() is None: p.kill()
+    finally:                    # the ranks run in sessions of their own: a failed test stops them too
+        if p.poll() is None:
+            ranks = rank_pids(p.pid)
+            p.kill()
+            for pid in ranks.values():
+                try: os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError: pass
     assert p.returncode != 0 and time.time() - t0 < 60
     lines = [l for l in err.splitlines() if 'dpm: ' in l]
     assert len(lines) == 1, err[-3000:]
