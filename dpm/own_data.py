@@ -673,6 +673,7 @@ def baseline_log_prob(kind: str, train, x) -> tuple:
     return 'full-covariance Gaussian', gaussian_log_prob(m, S, x)
 
 # %% ../nbs/15c_own_data.ipynb #oc0286dd
+@torch.no_grad()                           # an estimate: no graph of T steps kept
 def _evaluate(kind: str, d, reverse, cfg: dict, heldout) -> dict:
     "K and its SE beside the baseline (paired), L_null, IW log p: bits per dimension."
     train = _data(kind, cfg, cfg.get('seed', 0))[0]
