@@ -20,7 +20,7 @@ against `dpm train mnist`, at equal steps, with the book MNIST model's network a
 Prints the figures and writes results/own_data_mnist.json. Usage:
     python bench/own_data_mnist.py [STEPS] [SEEDS] [N_EVAL] [WORK]   (12000, 5, 500, a temp dir)
 """
-import json, math, os, subprocess, sys, tempfile, time
+import functools, json, math, os, subprocess, sys, tempfile, time
 from pathlib import Path
 import numpy as np
 import torch
@@ -38,6 +38,7 @@ MNIST_TRAIN = 50_000                 # the mnist experiment's training split: tr
 D = 784
 
 
+@functools.cache
 def mnist_digits() -> torch.Tensor:
     "MNIST's 70,000 digits as the files number them: (70000, 1, 28, 28) uint8."
     return torch.cat([load_mnist('trainval').images,
@@ -67,7 +68,6 @@ def read_back(folder: Path) -> tuple:
 
 def shared_settings(steps: int) -> dict:
     "The mnist experiment's full-scale settings that the images experiment has, and its own."
-    os.environ['DPM_SMALL'] = '0'
     from dpm.mnist import MNIST
     cfg = MNIST.resolve({'steps': steps, 'eval_every': 0})
     own = IMAGES.config.keys() | TRAIN_DEFAULTS.keys()               # what images can be set
@@ -75,9 +75,9 @@ def shared_settings(steps: int) -> dict:
     return keep | dict(pathway='dense', size=28, channels=1, heldout=1e-6)   # 2 held out
 
 
-def commands(work: Path, steps: int, seeds: int) -> dict:
+def commands(work: Path, steps: int, seeds: int, settings: dict) -> dict:
     "The dpm commands of every run not yet trained: name -> argv."
-    sets = [a for k, v in shared_settings(steps).items() for a in ('--set', f'{k}={json.dumps(v)}')]
+    sets = [a for k, v in settings.items() for a in ('--set', f'{k}={json.dumps(v)}')]
     cmds = {}
     for s in range(seeds):
         cmds[f'mnist{s}'] = ['dpm', 'train', 'mnist', '--out', str(work / f'mnist{s}'), '--seed',
@@ -88,10 +88,10 @@ def commands(work: Path, steps: int, seeds: int) -> dict:
     return {k: v for k, v in cmds.items() if not (work / k / 'model.pt').exists()}
 
 
-def train_all(work: Path, steps: int, seeds: int, at_once: int = 2) -> float:
+def train_all(work: Path, steps: int, seeds: int, settings: dict, at_once: int = 2) -> float:
     "Every run, `at_once` processes at a time, one thread each; their logs in WORK; wall seconds."
     env = dict(os.environ, DPM_SMALL='0', OMP_NUM_THREADS='1', MKL_NUM_THREADS='1')
-    todo, running, t0 = list(commands(work, steps, seeds).items()), {}, time.perf_counter()
+    todo, running, t0 = list(commands(work, steps, seeds, settings).items()), {}, time.perf_counter()
     while todo or running:
         while todo and len(running) < at_once:
             name, cmd = todo.pop(0)
@@ -122,7 +122,8 @@ def main(steps: int, seeds: int, n_eval: int, work: Path):
     rest_index, rest = read_back(work / 'png' / 'rest')
     assert train_index == list(range(MNIST_TRAIN))
     print(f"the reader gave back all {len(train_index) + len(rest_index):,} digits level for level")
-    wall = train_all(work, steps, seeds)
+    settings = shared_settings(steps)
+    wall = train_all(work, steps, seeds, settings)
     print(f"{2 * seeds} models of {steps:,} steps, two processes at a time: {wall:.0f} s wall")
     test = [j for j, i in enumerate(rest_index) if i >= 60_000][:n_eval]     # MNIST's test digits
     runs = {}
@@ -153,12 +154,13 @@ def main(steps: int, seeds: int, n_eval: int, work: Path):
     m = machine()
     print(f"machine: {m['processor']}, {m['cpus']} CPUs, torch {m['torch']}")
     record = dict(steps=steps, seeds=seeds, n_eval=len(test), runs=runs, own_minus_mnist=diff,
-                  se=se, welch_p=p, verdict=verdict, paired_se=paired_se, paired_p=paired_p, settings=shared_settings(steps), machine=m,
+                  se=se, welch_p=p, verdict=verdict, paired_se=paired_se, paired_p=paired_p, settings=settings, machine=m,
                   wall_seconds=wall)
     (repo_root() / 'results' / 'own_data_mnist.json').write_text(json.dumps(record, indent=1))
 
 
 if __name__ == '__main__':
+    os.environ['DPM_SMALL'] = '0'                      # full scale, here and in the dpm commands
     a = sys.argv[1:]
     steps, seeds, n_eval = (int(a[i]) if len(a) > i else v for i, v in enumerate((12_000, 5, 500)))
     if len(a) > 3: main(steps, seeds, n_eval, Path(a[3]))

@@ -10,6 +10,24 @@ ENV = {**os.environ, 'DPM_SMALL': '1', 'MPLBACKEND': 'Agg', 'OMP_NUM_THREADS': '
 QUICK = ['--set', 'steps=20', '--set', 'T=10', '--set', 'eval_every=10', '--no-progress']
 
 
+def moons(n=400, seed=0) -> np.ndarray:
+    "n points of a half moon in units far from the origin (x ~ 100, y ~ -5): a user's own table."
+    rng = np.random.default_rng(seed)
+    t = rng.uniform(0, np.pi, n)
+    x = np.stack([np.cos(t), np.sin(t)], 1) * [3.0, 10.0] + [100.0, -5.0]
+    return x + 0.1 * rng.standard_normal((n, 2))
+
+
+def grey_folder(root: Path, n=40, size=8, seed=0) -> Path:
+    "A folder of n grey PNG files of size x size random pixels, 000.png, 001.png, ..."
+    from PIL import Image
+    root.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(seed)
+    for i in range(n):
+        Image.fromarray(rng.integers(0, 256, (size, size), dtype=np.uint8), 'L').save(root / f'{i:03d}.png')
+    return root
+
+
 def dpm(*args, env=None, timeout=120, limits=None, stdin=None):
     """Run the console script in a subprocess; `limits`: Python code run first (e.g. setrlimit)."""
     code = (limits or '') + '\nfrom dpm.cli import main; main()'

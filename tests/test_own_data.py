@@ -8,7 +8,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hostile_helpers import exits, huge_header_jpeg, dpm as dpm_process, one_line
+from hostile_helpers import exits, huge_header_jpeg, dpm as dpm_process, one_line, moons, grey_folder
 
 os.environ['DPM_SMALL'] = '1'
 os.environ.setdefault('MPLBACKEND', 'Agg')
@@ -33,21 +33,6 @@ def refused(argv, out: Path, *words):
     msg = exits(lambda: main(argv), *words)
     assert snapshot(out) == before, f"{out} changed"
     return msg
-
-
-def moons(n=400, seed=0):
-    rng = np.random.default_rng(seed)
-    t = rng.uniform(0, np.pi, n)
-    x = np.stack([np.cos(t), np.sin(t)], 1) * [3.0, 10.0] + [100.0, -5.0]
-    return x + 0.1 * rng.standard_normal((n, 2))
-
-
-def grey_folder(root: Path, n=40, size=8, seed=0) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    rng = np.random.default_rng(seed)
-    for i in range(n):
-        Image.fromarray(rng.integers(0, 256, (size, size), dtype=np.uint8), 'L').save(root / f'{i:03d}.png')
-    return root
 
 
 # --- tables ---

@@ -243,14 +243,10 @@ def own_data_files(folder: Path):
     "What README's own-data lines name: pts.csv, my_images/ (8 x 8 grey), x.png, y.png, m.png."
     import numpy as np
     from PIL import Image
-    rng = np.random.default_rng(0)
-    t = rng.uniform(0, np.pi, 300)
-    pts = np.stack([np.cos(t) * 3 + 100, np.sin(t) * 10 - 5], 1) + 0.1 * rng.standard_normal((300, 2))
-    np.savetxt(folder / 'pts.csv', pts, delimiter=',', header='x1,x2', comments='')
-    (folder / 'my_images').mkdir()
-    for i in range(30):
-        Image.fromarray(rng.integers(0, 256, (8, 8), dtype=np.uint8)).save(folder / 'my_images' / f'{i}.png')
-    for name in ('x.png', 'y.png'): shutil.copy(folder / 'my_images' / '0.png', folder / name)
+    from hostile_helpers import moons, grey_folder
+    np.savetxt(folder / 'pts.csv', moons(300), delimiter=',', header='x1,x2', comments='')
+    grey_folder(folder / 'my_images', 30, 8)
+    for name in ('x.png', 'y.png'): shutil.copy(folder / 'my_images' / '000.png', folder / name)
     mask = np.full((8, 8), 255, np.uint8); mask[2:6, 2:6] = 0
     Image.fromarray(mask).save(folder / 'm.png')
 
