@@ -569,9 +569,9 @@ class OwnData(Experiment):
             raise ConfigError(f"{self.name} trains on your own data: give --data PATH "
                               f"({what}; in Python, fit(PATH))")
         check_config({**base, **o}, self.schema())          # the user's values, before reading
-        if not 0 < o.get('heldout', base['heldout']) < 1:
-            raise ConfigError(f"heldout must lie in (0, 1), got {o['heldout']}")
-        facts, heldout = data_facts(self.kind, {**base, **o}), o.get('heldout', base['heldout'])
+        if not 0 < (heldout := o.get('heldout', base['heldout'])) < 1:
+            raise ConfigError(f"heldout must lie in (0, 1), got {heldout}")
+        facts = data_facts(self.kind, {**base, **o})
         cfg = {**base, **data_defaults(self.kind, facts, small_scale(), heldout), **o, **facts}
         check_config(cfg, self.schema())
         return cfg
