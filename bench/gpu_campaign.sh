@@ -265,7 +265,7 @@ if [ "${TESTS:-1}" = 1 ] && [ $tests_s -gt 30 ]; then
   log "CUDA tests (at most $tests_s s, beside the training)"
   OMP_NUM_THREADS=4 MKL_NUM_THREADS=4 timeout "$tests_s" python -m pytest -q -p no:cacheprovider \
     tests/test_fast_step.py tests/test_contract.py tests/test_posterior.py \
-    tests/test_training_hardening.py tests/test_image_network.py \
+    tests/test_training_hardening.py tests/test_image_network.py tests/test_own_data_devices.py \
     > "$W/logs/pytest_cuda.log" 2>&1 & pids+=($!)
 fi
 log "3a. alone on the device: ${ALONE:-none} (at most $GPU_MIN_ALONE min each, first part $CURVE_MIN)"

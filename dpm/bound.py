@@ -32,16 +32,24 @@ def _positive(n, name):
 
 # %% ../nbs/02_bound.ipynb #d0312d95
 @patch
-def log_likelihood(self: Diffusion, reverse, x0, n: int = 100, chunk: int = 1 << 22):
-    "Importance-sampled $\\log p(x_0)$ per example, n forward trajectories (eq-model-probability)."
+@torch.no_grad()                                 # an estimate to report, not a loss: no graph kept
+def log_likelihood(self: Diffusion, reverse, x0, n: int = 100, chunk: int = 1 << 22,
+                   return_se: bool = False):
+    """Importance-sampled $\\log p(x_0)$ per example from n forward trajectories
+    (eq-model-probability); with return_se also its standard error (eq-iw-se)."""
     x0 = self.check_data(x0)
     if int(n) < 1: raise ValueError(f"n must be a positive number of trajectories, got {n}")
     n = int(n)
-    if x0.shape[0] == 0: return x0.new_zeros(0)                       # empty batch
+    if x0.shape[0] == 0: return (x0.new_zeros(0),) * 2 if return_se else x0.new_zeros(0)
     per_batch = max(1, min(n, chunk // max(1, x0.numel())))
-    log_w = torch.cat([_log_weights(self, reverse, x0, m) for m in _split(n, per_batch)])  # (n, B)
-    # $\log\frac1n\sum_k w_k$, in log space
-    return torch.logsumexp(log_w, 0) - math.log(n)
+    log_w = torch.cat([_log_weights(self, reverse, x0, m) for m in _split(n, per_batch)])
+    log_w = log_w.double()                                                     # (n, B)
+    # $\log\bar w = \log\frac1n\sum_k w_k$, in log space
+    log_p = torch.logsumexp(log_w, 0) - math.log(n)
+    if not return_se: return log_p.to(x0.dtype)
+    # $\overline{w^2}/\bar w^2$ of eq-iw-se
+    ratio = (torch.logsumexp(2 * log_w, 0) - math.log(n) - 2 * log_p).exp()
+    return log_p.to(x0.dtype), ((ratio - 1).clamp(min=0) / n).sqrt().to(x0.dtype)
 
 def _split(n, size): return [size] * (n // size) + ([n % size] if n % size else [])
 

@@ -8,7 +8,7 @@ __all__ = ['TABLE_SUFFIXES', 'TABLE_MAX_BYTES', 'TABLE_MAX_VALUES', 'IMAGE_MAX_P
            'split_indices', 'data_split', 'files_hash', 'examples', 'data_facts', 'to_model_units', 'to_user_units',
            'log_jacobian', 'data_defaults', 'OwnData', 'describe_choices', 'per_example_bound', 'baseline_log_prob',
            'plot_beside', 'plt_subplots', 'DiffusionModel', 'model_record', 'fit_or_load', 'recorded', 'model_images',
-           'iw_log_likelihood', 'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
+           'add_verbs', 'cmd_score', 'cmd_inpaint', 'cmd_denoise']
 
 # %% ../nbs/15c_own_data.ipynb #ocda4b92
 import argparse, csv, functools, hashlib, inspect, json, math, os, sys, tempfile, time, warnings
@@ -483,7 +483,7 @@ def data_facts(kind: str, cfg: dict) -> dict:
 # %% ../nbs/15c_own_data.ipynb #occb4e52
 def to_model_units(kind: str, cfg: dict, x, generator=None) -> torch.Tensor:
     "Examples in the user's units (images: uint8 levels) as the model sees them, float32."
-    x = torch.as_tensor(np.asarray(x) if not isinstance(x, torch.Tensor) else x)
+    x = x if isinstance(x, torch.Tensor) else torch.from_numpy(np.array(x))  # a copy: read-only ok
     if kind == 'images':                            # eq-data-dequant, then eq-data-scale
         y = dequantize(x.to(torch.uint8), generator=generator)
         return Scaler(cfg['scaler_shift'], cfg['scaler_scale']).forward(y).float()
@@ -873,7 +873,6 @@ def model_record(name: str):
     "results/models/<name>.pt of the checkout; None under DPM_SMALL=1 (no records)."
     return None if small_scale() else repo_root() / 'results' / 'models' / f'{name}.pt'
 
-
 # %% ../nbs/15c_own_data.ipynb #ocrec003
 def fit_or_load(model: DiffusionModel, X, record=None) -> DiffusionModel:
     """`model` fitted to the data at the path X: read from the model file `record` when its key
@@ -900,7 +899,6 @@ def recorded(model: DiffusionModel, name: str, study, **settings) -> tuple:
     key = _key(model.kind, model.cfg, model.cfg.get('seed', 0), Model(model.d, model.reverse),
                code=code_text(inspect.getsource(study)), **settings)
     return recorded_study(evaluation_record(name), key, lambda: study(model, **settings))
-
 
 # %% ../nbs/15c_own_data.ipynb #oc9109c8
 def model_images(paths, cfg: dict) -> tuple:
@@ -941,35 +939,21 @@ def _user_examples(self: DiffusionModel, X) -> np.ndarray:
     if kind == 'bits': _check_bits(Table(x.astype(np.float64), cfg['names']), 'the examples')
     return x
 
-# %% ../nbs/15c_own_data.ipynb #oce6c3dd
-@torch.no_grad()
-def iw_log_likelihood(d, reverse, x0, n: int, chunk: int = 1 << 22) -> tuple:
-    "(log p per example from n trajectories (eq-model-probability), its se (eq-own-iw-se)), nats."
-    from dpm.bound import _log_weights, _split                 # the trajectories of log_likelihood
-    x0 = d.check_data(x0)
-    per_batch = max(1, min(n, chunk // max(1, x0.numel())))
-    log_w = torch.cat([_log_weights(d, reverse, x0, m) for m in _split(n, per_batch)]).double()
-    # $\log\bar w = \log\frac1N\sum_k w_k$
-    log_p = torch.logsumexp(log_w, 0) - math.log(n)
-    # $\overline{w^2}/\bar w^2$
-    ratio = (torch.logsumexp(2 * log_w, 0) - math.log(n) - 2 * log_p).exp()
-    return log_p, ((ratio - 1).clamp(min=0) / n).sqrt()
-
 # %% ../nbs/15c_own_data.ipynb #oc6c1e67
 @patch
 def score_samples(self: DiffusionModel, X, iw: int = 0, seed: int = 0, return_se: bool = False):
     """Log-likelihood of each example in nats, user units (eq-own-units): the bound K
     (eq-k-general), or with iw=N the importance-weighted log p of N trajectories (with
-    return_se: and its standard error, eq-own-iw-se)."""
+    return_se: and its standard error, eq-iw-se)."""
     self._fitted()
     x = self._user_examples(X)
     g = torch.Generator().manual_seed(seed); torch.manual_seed(seed)
     z = to_model_units(self.kind, self.cfg, x, g)
     se = None
     if iw:
-        parts = [iw_log_likelihood(self.d, self.reverse, zb.to(self.d.device), int(iw))
-                 for zb in z.split(100)]
-        ll, se = (torch.cat([p[i].cpu() for p in parts]) for i in (0, 1))
+        parts = [self.d.log_likelihood(self.reverse, zb.to(self.d.device), int(iw),
+                                       return_se=True) for zb in z.split(100)]
+        ll, se = (torch.cat([p[i].double().cpu() for p in parts]) for i in (0, 1))
     else: ll = per_example_bound(self.d, self.reverse, z)
     ll = (ll + log_jacobian(self.kind, self.cfg)).numpy()
     return (ll, se.numpy()) if return_se and se is not None else ll

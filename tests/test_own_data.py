@@ -316,13 +316,13 @@ def test_a_bad_table_in_a_fresh_process_is_one_line(tmp_path):
 
 
 def test_the_iw_standard_error_matches_repeated_estimates(tmp_path):
-    "eq-own-iw-se: the delta-method se of log p-hat is close to the spread of independent estimates."
-    from dpm.own_data import iw_log_likelihood
+    "eq-iw-se: the delta-method se of log p-hat is close to the spread of independent estimates."
     m = DiffusionModel('points', out=tmp_path / 'run', steps=20, T=5).fit(moons(200))
     z = own_data.to_model_units('points', m.cfg, moons(3, seed=1))
     torch.manual_seed(0)
-    reps = torch.stack([iw_log_likelihood(m.d, m.reverse, z, 200)[0] for _ in range(40)])
-    se = iw_log_likelihood(m.d, m.reverse, z, 200)[1]
+    iw = lambda: m.d.log_likelihood(m.reverse, z, 200, return_se=True)
+    reps = torch.stack([iw()[0] for _ in range(40)])
+    se = iw()[1]
     ratio = (reps.std(0) / se).numpy()
     assert ((ratio > 0.5) & (ratio < 2)).all(), ratio
 
