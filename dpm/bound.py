@@ -120,10 +120,10 @@ def _reverse_by_step(reverse, xt, t, runs: int = 1):
     outs = [reverse(x, s) for x, s in zip(xt.chunk(runs), t.chunk(runs))]   # equal runs
     return cat_kernels(outs)
 
-def kl_terms(d: Diffusion, reverse, x0, t, noise=None, runs: int = 1, xt=None):
-    """$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, steps t >= 2, one $x_t$ each (eq-k-general);
-    `xt`: that draw of $q(x_t | x_0)$ instead of a new one."""
-    if xt is None: xt = d.draw(d.marginal(x0, t), noise)          # $x_t \sim q(x_t | x_0)$
+def kl_terms(d: Diffusion, reverse, x0, t, *, xt=None, runs: int = 1):
+    """$D_{KL}(q(x_{t-1}|x_t,x_0) \\| p(x_{t-1}|x_t))$, steps t >= 2, at `xt`: one draw of
+    $q(x_t | x_0)$ per row (eq-k-general); None: a fresh draw."""
+    if xt is None: xt = d.draw(d.marginal(x0, t))                 # $x_t \sim q(x_t | x_0)$
     p = d.check_reverse(_reverse_by_step(reverse, xt, t, runs), xt)
     return d.kl(d.posterior(x0, xt, t), p)
 
@@ -143,8 +143,8 @@ def bound_terms(self: Diffusion, reverse, x0, n_samples: int = 1, chunk: int = 1
             k = len(ts)
             x0r, tr = x0.repeat(k, *([1] * (x0.ndim - 1))), ts.repeat_interleave(B)
             xt = self.draw(self.marginal(x0r, tr))     # every row at once: blocks draw the same
-            kl = torch.cat([kl_terms(self, reverse, x0r[r:r + rows], tr[r:r + rows], runs=k,
-                                     xt=xt[r:r + rows]) for r in range(0, k * B, rows)])
+            kl = torch.cat([kl_terms(self, reverse, x0r[r:r + rows], tr[r:r + rows],
+                                     xt=xt[r:r + rows], runs=k) for r in range(0, k * B, rows)])
             kls[:, ts - 2] += kl.view(k, B).T
     return prior_term(self, x0), first_step_term(self, x0), kls / n_samples
 
@@ -165,8 +165,9 @@ def bound_estimate(self: Diffusion, reverse, x0, t=None, noise=None):
     if T == 1 or B == 0: return estimate                  # no KL terms to sample
     if t is None: t = torch.randint(2, T + 1, (B,), device=x0.device)
     else: t = check_steps(t, T, B, lowest=2)
+    xt = self.draw(self.marginal(x0, t), noise)                 # $x_t \sim q(x_t | x_0)$
     # $\hat K = \ldots - (T-1)\,D_{KL}(t)$ with $t \sim U\{2..T\}$
-    return estimate - (T - 1) * kl_terms(self, reverse, x0, t, noise)
+    return estimate - (T - 1) * kl_terms(self, reverse, x0, t, xt=xt)
 
 @patch
 def bound_simplified(self: Diffusion, reverse, x0, n_samples: int = 1):

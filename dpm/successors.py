@@ -161,7 +161,7 @@ def successor_loss(d: GaussianDiffusion, model: SuccessorReverse, x0, t, noise, 
         p_t = torch.as_tensor(probs, dtype=torch.float64).to(x0.device)[t - 2].to(x0.dtype)
         # $-\hat K = -L_{prior} - L_{first} + D_{KL}(t)/p_t$ with $t\sim p$
         ends = prior_term(d, x0) + first_step_term(d, x0)
-        return -ends + kl_terms(d, model, x0, t, noise) / p_t
+        return -ends + kl_terms(d, model, x0, t, xt=d.draw(d.marginal(x0, t), noise)) / p_t
     xt = d.draw(d.marginal(x0, t), noise)          # $x_t = \sqrt{\bar\alpha_t}x_0 + \ldots$
     if loss == 'hybrid' and model.variance not in ('interp', 'learned'):
         raise ValueError("L_hybrid trains a variance: variance='interp' or 'learned'")
