@@ -7,7 +7,7 @@ __all__ = ['Experiment', 'data_records', 'describe_data', 'repo_root', 'machine'
            'evaluate_recorded', 'evaluation_record', 'recorded_words']
 
 # %% ../nbs/05b_experiments.ipynb #fb000002
-import os, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars, textwrap
+import os, io, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars, textwrap
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,7 +90,7 @@ def _cpu_model() -> str:
 def machine() -> dict:
     "Where a number was measured."
     info = dict(host=platform.node(), platform=platform.platform(), processor=_cpu_model(),
-                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=torch.__version__,
+                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=str(torch.__version__),
                 python=platform.python_version())
     if torch.cuda.is_available(): info['cuda_device'] = torch.cuda.get_device_name()
     return info
@@ -352,10 +352,15 @@ def _unusable_study(r) -> str:
     return ''
 
 def write_study(record, key: str, study: dict):
-    "Keep `study` (tensors, plain values) in `record` under `key`, where it ran, its checksum."
-    where = json.loads(json.dumps(machine()))          # plain strings (torch's version is a class)
-    body = {**study, 'key': key, 'machine': where}
-    atomic_write(record, lambda f: torch.save({**body, 'sha256': checksum(body)}, f))
+    """Keep `study` (tensors, plain values) in `record` under `key`, where it ran, its checksum;
+    a ValueError, and nothing written, if `read_study` could not load it back."""
+    body = {**study, 'key': key, 'machine': machine()}
+    data = io.BytesIO(); torch.save({**body, 'sha256': checksum(body)}, data)
+    try: torch.load(io.BytesIO(data.getvalue()), weights_only=True)     # as read_study loads it
+    except Exception as e:
+        why = str(e).split('WeightsUnpickler error:')[-1].strip().splitlines()[0]
+        raise ValueError(f"a study for {record} holds what a record cannot keep: {why}") from None
+    atomic_write(record, lambda f: f.write(data.getvalue()))
 
 # %% ../nbs/05b_experiments.ipynb #fe500007
 def _imports(module: str) -> set:

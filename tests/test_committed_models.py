@@ -26,3 +26,14 @@ def test_committed_classifier_loads():
     from dpm.digit_classifier import load_classifier
     net = load_classifier(ROOT / 'results' / 'models' / CLASSIFIER, train_if_missing=False)
     assert net.record['test_accuracy'] >= 0.99
+
+
+STUDIES = sorted([*(ROOT / 'results' / 'evaluations').glob('*.pt'),
+                  ROOT / 'results' / 'bark' / 'inpaint_study.pt'])
+
+@pytest.mark.parametrize('path', STUDIES, ids=lambda p: p.stem)
+def test_committed_study_records_read_back(path):
+    "Each committed study loads as read_study loads it: one it cannot is computed in every build."
+    from dpm.experiments import _unusable_study
+    with open(path, 'rb') as f: record = torch.load(f, weights_only=True)
+    assert _unusable_study(record) == '', path.name
