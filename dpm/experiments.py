@@ -7,7 +7,8 @@ __all__ = ['Experiment', 'data_records', 'describe_data', 'repo_root', 'machine'
            'evaluate_recorded', 'evaluation_record', 'recorded_words']
 
 # %% ../nbs/05b_experiments.ipynb #fb000002
-import os, io, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars, textwrap
+import os, io, sys, ast, json, hashlib, inspect, importlib, platform, resource, contextvars, \
+    textwrap
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -90,8 +91,8 @@ def _cpu_model() -> str:
 def machine() -> dict:
     "Where a number was measured."
     info = dict(host=platform.node(), platform=platform.platform(), processor=_cpu_model(),
-                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(), torch=str(torch.__version__),
-                python=platform.python_version())
+                cpus=os.cpu_count(), torch_threads=torch.get_num_threads(),
+                torch=str(torch.__version__), python=platform.python_version())
     if torch.cuda.is_available(): info['cuda_device'] = torch.cuda.get_device_name()
     return info
 
@@ -351,6 +352,7 @@ def _unusable_study(r) -> str:
     if numbers and not any(math.isfinite(x) for x in numbers): return 'every number in it is NaN'
     return ''
 
+# %% ../nbs/05b_experiments.ipynb #9008a0b4
 def write_study(record, key: str, study: dict):
     """Keep `study` (tensors, plain values) in `record` under `key`, where it ran, its checksum;
     a ValueError, and nothing written, if `read_study` could not load it back."""
