@@ -581,6 +581,10 @@ class OwnData(Experiment):
         return to_user_units(self.kind, cfg, x) if self.kind == 'points' else x
 
 # %% ../nbs/15c_own_data.ipynb #oc5b384c
+def _pathway(cfg: dict) -> str:
+    "The image network's pathway (conv, dense or both); conv in model files older than the key."
+    return cfg.get('pathway', 'conv')
+
 def _build(kind: str, cfg: dict):
     "The diffusion and reverse network of an own-data experiment (see data_defaults)."
     if kind == 'points':                                              # eq-sr-schedule, learned
@@ -593,7 +597,7 @@ def _build(kind: str, cfg: dict):
     d = keep_scaler(image_diffusion(cfg), cfg['scaler_shift'], cfg['scaler_scale'])
     shape = (cfg['channels'], cfg['size'], cfg['size'])
     train = lambda: _data(kind, cfg, cfg.get('seed', 0))[0]            # eq-net-residual's fit
-    path = cfg.get('pathway', 'conv')                                 # eq-net-dense or conv
+    path = _pathway(cfg)                                              # eq-net-dense or conv
     return d, ImageReverse(d, shape, pathway=path, **network_kwargs(cfg, path),
                            linear=linear_path(cfg, d, shape, train))
 
@@ -607,7 +611,7 @@ def _data(kind: str, cfg: dict, seed: int) -> tuple:
 # %% ../nbs/15c_own_data.ipynb #occa3512
 def _network_words(cfg: dict) -> list:
     "The image network's pathways in words, as describe_choices says them."
-    path = cfg.get('pathway', 'conv')
+    path = _pathway(cfg)
     conv = (f"multi-scale conv net {cfg['n_scales']} scales x {cfg['conv_channels']} channels "
             f"x {cfg['conv_layers']} layers")
     dense = f"dense pathway {cfg['dense_layers']} x {cfg['dense_hidden']}"
