@@ -28,6 +28,15 @@ def grey_folder(root: Path, n=40, size=8, seed=0) -> Path:
     return root
 
 
+def hole_mask(path: Path, size=8) -> np.ndarray:
+    "An inpainting mask PNG at `path`: white (known) around a black square hole of half the size."
+    from PIL import Image
+    mask = np.full((size, size), 255, np.uint8)
+    mask[size // 4:3 * size // 4, size // 4:3 * size // 4] = 0
+    Image.fromarray(mask).save(path)
+    return mask
+
+
 def dpm(*args, env=None, timeout=120, limits=None, stdin=None):
     """Run the console script in a subprocess; `limits`: Python code run first (e.g. setrlimit)."""
     code = (limits or '') + '\nfrom dpm.cli import main; main()'

@@ -1,5 +1,6 @@
 """Your own data (chapter 15c): the readers, the split and its record, the three experiments through
-`dpm train --data` and the verbs evaluate, sample, score, inpaint and denoise, the Python interface,
+`dpm train --data` and the verbs evaluate, sample, score, inpaint and denoise (bits end to end, and
+every kind with --device, in test_own_data_devices.py), the Python interface,
 and bad data: one `dpm:` line, a non-zero exit and an unchanged run directory for each kind."""
 import csv, json, os
 from pathlib import Path
@@ -8,7 +9,8 @@ import pytest
 import torch
 from PIL import Image
 
-from hostile_helpers import exits, huge_header_jpeg, dpm as dpm_process, one_line, moons, grey_folder
+from hostile_helpers import (exits, huge_header_jpeg, dpm as dpm_process, one_line, moons, grey_folder,
+                             hole_mask)
 
 os.environ['DPM_SMALL'] = '1'
 os.environ.setdefault('MPLBACKEND', 'Agg')
@@ -183,8 +185,7 @@ def test_images_evaluate_score_inpaint_denoise(images_run):
     assert 'nll_8bit_bits_per_dim' in json.loads((run / 'record.json').read_text())['numbers']
     main(['score', str(run), str(imgs / '000.png'), str(imgs / '001.png')])
     assert len((run / 'scores.csv').read_text().splitlines()) == 3
-    mask = np.full((8, 8), 255, np.uint8); mask[2:6, 2:6] = 0
-    Image.fromarray(mask).save(images_run / 'mask.png')
+    mask = hole_mask(images_run / 'mask.png')
     main(['inpaint', str(run), '--image', str(imgs / '003.png'), '--mask', str(images_run / 'mask.png'),
           '-n', '3'])
     filled = np.load(run / 'inpaint.npy')
@@ -206,19 +207,6 @@ def test_images_refused_at_score_and_inpaint_time(images_run, tmp_path):
     refused(['inpaint', str(run), '--image', img, '--mask', str(tmp_path / 'mask9.png')], run, '9 x 9')
     refused(['inpaint', str(run), '--image', img, '--mask', str(tmp_path / 'black.png')], run, 'no entry')
     refused(['inpaint', str(run), '--image', img], run, '--mask')
-
-
-def test_bits_train_and_inpaint(tmp_path):
-    x = np.zeros((60, 10), int)
-    for i in range(60): x[i, i % 5::5] = 1
-    np.savetxt(tmp_path / 'b.txt', x, fmt='%d')
-    main(['train', 'bits', '--data', str(tmp_path / 'b.txt'), '--out', str(tmp_path / 'run'), *QUICK])
-    main(['evaluate', 'bits', '--out', str(tmp_path / 'run')])
-    assert json.loads((tmp_path / 'run' / 'record.json').read_text())['numbers']['baseline'] == \
-        'independent bits'
-    main(['inpaint', str(tmp_path / 'run'), '--known', 'x1=1', '-n', '4'])
-    rows = list(csv.DictReader((tmp_path / 'run' / 'inpaint.csv').open()))
-    assert all(r['x1'] == '1' for r in rows) and {v for r in rows for v in r.values()} <= {'0', '1'}
 
 
 # --- bad data: one line, non-zero exit, the run directory unchanged ---

@@ -7,7 +7,7 @@ import pytest
 import torch
 from PIL import Image
 
-from hostile_helpers import moons, grey_folder
+from hostile_helpers import moons, grey_folder, hole_mask
 
 os.environ['DPM_SMALL'] = '1'
 os.environ.setdefault('MPLBACKEND', 'Agg')
@@ -58,8 +58,7 @@ def test_images_on_the_device_and_back_on_the_cpu(tmp_path, dev, pathway):
     run, image = tmp_path / 'run', str(tmp_path / 'imgs' / '003.png')
     main(['train', 'images', '--data', str(tmp_path / 'imgs'), '--out', str(run), *QUICK,
           '--set', f'pathway={pathway}', '--device', dev])
-    mask = np.full((8, 8), 255, np.uint8); mask[2:6, 2:6] = 0
-    Image.fromarray(mask).save(tmp_path / 'mask.png')
+    mask = hole_mask(tmp_path / 'mask.png')
     n = verbs('images', run, dev, [['inpaint', '--image', image, '--mask', str(tmp_path / 'mask.png'),
                                     '-n', '2'],
                                    ['denoise', '--image', image, '--sigma', '0.1', '-n', '2']])
@@ -78,6 +77,8 @@ def test_bits_on_the_device_and_back_on_the_cpu(tmp_path, dev):
     run = tmp_path / 'run'
     main(['train', 'bits', '--data', str(tmp_path / 'b.txt'), '--out', str(run), *QUICK,
           '--device', dev])
-    verbs('bits', run, dev, [['inpaint', '--known', 'x1=1', '-n', '4']])
-    assert all(r['x1'] == '1' for r in csv.DictReader((run / 'inpaint.csv').open()))
+    assert verbs('bits', run, dev, [['inpaint', '--known', 'x1=1', '-n', '4']])['baseline'] == \
+        'independent bits'
+    rows = list(csv.DictReader((run / 'inpaint.csv').open()))
+    assert all(r['x1'] == '1' for r in rows) and {v for r in rows for v in r.values()} <= {'0', '1'}
     assert np.isfinite(DiffusionModel.load(run / 'model.pt', 'cpu').score_samples(x[:4])).all()

@@ -242,13 +242,11 @@ def test_installed_cli_evaluates_the_shipped_heartbeat(installed, tmp_path):
 def own_data_files(folder: Path):
     "What README's own-data lines name: pts.csv, my_images/ (8 x 8 grey), x.png, y.png, m.png."
     import numpy as np
-    from PIL import Image
-    from hostile_helpers import moons, grey_folder
+    from hostile_helpers import moons, grey_folder, hole_mask
     np.savetxt(folder / 'pts.csv', moons(300), delimiter=',', header='x1,x2', comments='')
     grey_folder(folder / 'my_images', 30, 8)
     for name in ('x.png', 'y.png'): shutil.copy(folder / 'my_images' / '000.png', folder / name)
-    mask = np.full((8, 8), 255, np.uint8); mask[2:6, 2:6] = 0
-    Image.fromarray(mask).save(folder / 'm.png')
+    hole_mask(folder / 'm.png')
 
 
 def test_installed_runs_the_own_data_commands_and_example(installed, tmp_path):
